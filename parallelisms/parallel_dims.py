@@ -1,0 +1,137 @@
+"""The parallel layout: degrees, their validation, and the DeviceMesh built from them.
+
+Mesh dims, outermost first: dp_replicate, dp_shard, tp. Tensor parallel is innermost so that its
+frequent collectives stay on the fast intra-node links; only dims of degree > 1 are created.
+Flattened submeshes: `dp` (replicate x shard) for data loading and loss averaging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+class LayoutError(ValueError):
+    """An impossible parallel layout; the message names the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    world_size: int
+
+    @classmethod
+    def resolve(cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int) -> ParallelDims:
+        """Fill in dp_shard = -1 from the world size and check that the degrees multiply to it."""
+        for name, value in (("data_parallel_replicate_degree", dp_replicate),
+                            ("tensor_parallel_degree", tp)):
+            if value < 1:
+                raise LayoutError(f"parallelism.{name} = {value}: must be >= 1")
+        if dp_shard == -1:
+            if world_size % (dp_replicate * tp):
+                raise LayoutError(
+                    f"world size {world_size} is not divisible by data_parallel_replicate_degree "
+                    f"({dp_replicate}) x tensor_parallel_degree ({tp}); change the degrees or the "
+                    "number of processes (NGPU)"
+                )
+            dp_shard = world_size // (dp_replicate * tp)
+        if dp_shard < 1:
+            raise LayoutError(f"parallelism.data_parallel_shard_degree = {dp_shard}: must be -1 or >= 1")
+        if dp_replicate * dp_shard * tp != world_size:
+            raise LayoutError(
+                f"data_parallel_replicate_degree ({dp_replicate}) x data_parallel_shard_degree "
+                f"({dp_shard}) x tensor_parallel_degree ({tp}) = {dp_replicate * dp_shard * tp}, "
+                f"but the world size is {world_size}; make the product equal the number of "
+                "processes (or set data_parallel_shard_degree = -1)"
+            )
+        return cls(dp_replicate, dp_shard, tp, world_size)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def ddp_enabled(self) -> bool:
+        """Pure replication: replicas but no sharding (DDP, as TorchTitan does)."""
+        return self.dp_replicate > 1 and self.dp_shard == 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        dims = [(d, n) for d, n in ((self.dp_replicate, "dp_replicate"),
+                                    (self.dp_shard, "dp_shard"), (self.tp, "tp")) if d > 1]
+        if not dims:
+            dims = [(1, "dp_shard")]
+        return tuple(d for d, _ in dims), tuple(n for _, n in dims)
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        shape, names = self.mesh_shape()
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        dp_names = tuple(n for n in names if n.startswith("dp_"))
+        if dp_names:
+            mesh[dp_names]._flatten("dp")
+        return mesh
+
+    def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh | None:
+        """The flattened data-parallel submesh (None when every rank holds the same data)."""
+        return mesh["dp"] if self.dp_size > 1 else None
+
+    def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """FSDP's mesh: 1D (shard) for FSDP, 2D (replicate, shard) for HSDP."""
+        if self.dp_replicate > 1:
+            return mesh["dp_replicate", "dp_shard"]
+        return mesh["dp_shard"]
+
+    def describe(self) -> str:
+        shape, names = self.mesh_shape()
+        return " x ".join(f"{n}={d}" for d, n in zip(shape, names)) + f" (world {self.world_size})"
+
+
+def check_layout(dims: ParallelDims, *, n_heads: int, n_kv_heads: int, seq_len: int,
+                 local_batch_size: int, global_batch_size: int, device_type: str,
+                 async_tp: bool, compile: bool) -> None:
+    """Everything about a layout that can be known before any process group or model exists."""
+    if dims.tp > 1:
+        for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if value % dims.tp:
+                raise LayoutError(
+                    f"model {name} = {value} is not divisible by parallelism.tensor_parallel_degree"
+                    f" = {dims.tp}; pick a tensor-parallel degree that divides it"
+                )
+        if seq_len % dims.tp:
+            raise LayoutError(
+                f"training.seq_len = {seq_len} is not divisible by tensor_parallel_degree = "
+                f"{dims.tp} (sequence parallel splits the sequence over the tp ranks)"
+            )
+    if global_batch_size != -1 and global_batch_size % (local_batch_size * dims.dp_size):
+        raise LayoutError(
+            f"training.global_batch_size = {global_batch_size} is not a multiple of "
+            f"local_batch_size ({local_batch_size}) x data-parallel degree ({dims.dp_size}); "
+            "it must split into whole micro-batches on every data-parallel rank"
+        )
+    if dims.ddp_enabled and dims.tp > 1:
+        raise LayoutError(
+            "data_parallel_replicate_degree > 1 with data_parallel_shard_degree = 1 (DDP) does not "
+            "compose with tensor parallel; use data_parallel_shard_degree > 1 (FSDP / HSDP) instead"
+        )
+    if async_tp:
+        if dims.tp == 1:
+            raise LayoutError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
+        if device_type != "cuda":
+            raise LayoutError(
+                "parallelism.enable_async_tensor_parallel needs CUDA GPUs (symmetric memory); "
+                "turn it off on CPU"
+            )
+        if not compile:
+            raise LayoutError(
+                "parallelism.enable_async_tensor_parallel needs training.compile = true"
+            )

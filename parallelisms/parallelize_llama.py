@@ -1,0 +1,60 @@
+"""Compose the parallelisms for a Llama model, in the order they must be applied:
+tensor parallel -> (float8 conversion) -> activation checkpointing -> compile -> FSDP / DDP.
+
+Knows the model only through its public structure: `layers` (a ModuleDict of blocks),
+`tok_embeddings`, `norm`, `output`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from parallelisms.activation_checkpoint import apply_ac
+from parallelisms.compile import apply_compile
+from parallelisms.ddp import apply_ddp
+from parallelisms.fsdp import apply_fsdp
+from parallelisms.parallel_dims import ParallelDims
+from parallelisms.tensor_parallel import apply_tp, enable_async_tp
+
+
+@dataclass(frozen=True)
+class ParallelizeOptions:
+    """The knobs of parallelize_llama, gathered by the trainer from the config sections."""
+
+    loss_parallel: bool = True
+    async_tp: bool = False
+    ac_mode: str = "none"
+    ac_option: str = "op"
+    compile: bool = False
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+    reshard_after_forward: str = "default"
+    cpu_offload: bool = False
+
+
+def parallelize_llama(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh,
+                      opts: ParallelizeOptions) -> nn.Module:
+    if dims.tp_enabled:
+        apply_tp(model, list(model.layers.values()), mesh["tp"],
+                 loss_parallel_enabled=opts.loss_parallel)
+        if opts.async_tp:
+            enable_async_tp(mesh["tp"])
+
+    if opts.ac_mode != "none":
+        for name, block in apply_ac(dict(model.layers.items()), opts.ac_mode, opts.ac_option).items():
+            model.layers.register_module(name, block)
+
+    if opts.compile:
+        apply_compile(list(model.layers.values()))
+
+    if dims.fsdp_enabled:
+        apply_fsdp(model, list(model.layers.values()), dims.fsdp_mesh(mesh),
+                   param_dtype=opts.param_dtype, reduce_dtype=opts.reduce_dtype,
+                   reshard_after_forward=opts.reshard_after_forward, cpu_offload=opts.cpu_offload)
+    elif dims.ddp_enabled:
+        apply_ddp(model, mesh["dp_replicate"])
+    return model

@@ -1,0 +1,71 @@
+"""Megatron-style tensor parallel with sequence parallel, expressed as DTensor plans.
+
+Inside a block: q/k/v and w1/w3 are split column-wise (each rank owns whole heads / a slice of
+the hidden units), wo and w2 row-wise, so a block costs one all-gather in and one reduce-scatter
+out. Between blocks activations stay sharded on the sequence dim (the RMSNorms run on their
+shard). The output head is column-wise; with loss parallel the logits stay sharded over the
+vocabulary and cross-entropy runs on the shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+
+def apply_tp(model: nn.Module, blocks: list[nn.Module], tp_mesh: DeviceMesh, *,
+             loss_parallel_enabled: bool) -> None:
+    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""
+    parallelize_module(model, tp_mesh, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
+            use_local_output=not loss_parallel_enabled,
+        ),
+    })
+    for block in blocks:
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            # The second input (RoPE rotations) is the same on every rank: leave it alone.
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            ),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Overlap TP communication with matmuls (CUDA, compiled blocks, symmetric memory)."""
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    inductor_config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+
+
+def loss_context(enabled: bool) -> contextlib.AbstractContextManager:
+    """Wrap loss and backward: cross-entropy on vocab-sharded logits when loss parallel is on."""
+    return loss_parallel() if enabled else contextlib.nullcontext()

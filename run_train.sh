@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Train with torchrun on this node.
+#   ./run_train.sh [--config NAME|PATH] [--section.key value ...]
+# Environment:
+#   NGPU      processes per node (default: number of visible CUDA GPUs, else 1)
+#   LOG_RANK  comma-separated ranks whose output is shown (default 0)
+#   CONFIG    config file when --config is not given (default train_configs/debug_model.toml)
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/ensure_installed.sh
+titanlite_ensure_installed "" "torch torchdata tokenizers tensorboard" || {
+    echo "titanlite: error: installation failed; see the pip output above" >&2; exit 1; }
+
+config="${CONFIG:-train_configs/debug_model.toml}"
+args=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --config) [[ $# -ge 2 ]] || { echo "titanlite: error: --config needs a value" >&2; exit 2; }
+                  config="$2"; shift 2 ;;
+        --config=*) config="${1#--config=}"; shift ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+# A bare preset name (llama_8b.toml) means the one in train_configs/.
+if [[ ! -e "$config" && "$config" != */* && -e "train_configs/$config" ]]; then
+    config="train_configs/$config"
+fi
+
+if [[ -z "${NGPU:-}" ]]; then
+    # Counted without importing torch (seconds saved on every launch).
+    if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then
+        NGPU=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .) || true
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || true
+    fi
+    [[ "${NGPU:-0}" -ge 1 ]] || NGPU=1
+fi
+LOG_RANK="${LOG_RANK:-0}"
+
+# Validate the config and layout in one quick process first, so that a mistake is one line and
+# exit code 2 instead of a torchrun traceback from every rank.
+WORLD_SIZE="$NGPU" "$PYTHON" -m titanlite.preflight --config "$config" ${args[@]+"${args[@]}"}
+
+exec "$PYTHON" -m torch.distributed.run --nproc_per_node="$NGPU" --nnodes=1 --standalone \
+    --local-ranks-filter "$LOG_RANK" \
+    -m titanlite.train --config "$config" ${args[@]+"${args[@]}"}

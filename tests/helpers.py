@@ -1,0 +1,49 @@
+"""Shared test utilities: launch real runs (torchrun, gloo) and read what they wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEBUG_CONFIG = ROOT / "train_configs" / "debug_model.toml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def torchrun(nproc: int, module_or_script: list[str], args: list[str], timeout: int = 600,
+             **env: str) -> subprocess.CompletedProcess:
+    """Run under torchrun with a private rendezvous port (tests may run side by side)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--nnodes=1", f"--master_port={free_port()}", *module_or_script, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=clean_env(**env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_script(script: str, args: list[str], timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / script), *args], cwd=ROOT, env=clean_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    return proc

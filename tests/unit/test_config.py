@@ -1,0 +1,188 @@
+import subprocess
+import sys
+
+import pytest
+from helpers import DEBUG_CONFIG, ROOT, clean_env
+
+from titanlite import config
+from titanlite.config import ConfigError
+
+
+def load(*argv: str):
+    return config.load(list(argv))
+
+
+def test_defaults_toml_and_cli_precedence(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 0.1\n")
+    cfg = load("--config", str(toml), "--training.steps", "9")
+    assert cfg.training.steps == 9  # CLI beats TOML
+    assert cfg.training.seq_len == 64  # TOML beats default
+    assert cfg.training.local_batch_size == 8  # default
+    assert cfg.optimizer.lr == 0.1
+
+
+def test_cli_forms():
+    cfg = load("--training.steps=3", "--training.compile", "--metrics.enable_tensorboard", "false",
+               "--float8.filter_fqns", "output,layers.0", "--training.seed", "none",
+               "--activation_checkpoint.selective_ac_option", "op", "--optimizer.lr", "1e-3")
+    assert cfg.training.steps == 3
+    assert cfg.training.compile is True
+    assert cfg.metrics.enable_tensorboard is False
+    assert cfg.float8.filter_fqns == ["output", "layers.0"]
+    assert cfg.training.seed is None
+    assert cfg.activation_checkpoint.selective_ac_option == "op"
+    assert cfg.optimizer.lr == 1e-3
+
+
+def test_bare_preset_name_resolves():
+    cfg = load("--config", "llama_8b.toml")
+    assert cfg.model.flavor == "8B"
+    assert cfg.job.config_file.endswith("train_configs/llama_8b.toml")
+
+
+def test_every_preset_loads():
+    for preset in sorted((ROOT / "train_configs").glob("*.toml")):
+        load("--config", str(preset))
+
+
+TORCHTITAN_LLAMA3_8B = """
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[profiling]
+enable_profiling = true
+save_traces_folder = "profile_trace"
+profile_freq = 100
+
+[metrics]
+log_freq = 10
+enable_tensorboard = true
+save_tb_folder = "tb"
+
+[model]
+name = "llama3"
+flavor = "8B"
+tokenizer_path = "./assets/tokenizer/original/tokenizer.model"
+# converters = ["float8"]
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+eps = 1e-8
+
+[lr_scheduler]
+warmup_steps = 200
+
+[training]
+local_batch_size = 1
+seq_len = 8192
+max_norm = 1.0
+steps = 1000
+compile = false
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+
+[checkpoint]
+enable_checkpoint = false
+folder = "checkpoint"
+interval = 500
+last_save_model_weights_only = false
+export_dtype = "float32"
+async_mode = "disabled"
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+
+[float8]
+enable_fsdp_float8_all_gather = false
+precompute_float8_dynamic_scale_for_fsdp = false
+filter_fqns = ["output"]
+
+[validation]
+enabled = false
+"""
+
+
+def test_torchtitan_toml_loads_unchanged(tmp_path):
+    toml = tmp_path / "llama3_8b.toml"
+    toml.write_text(TORCHTITAN_LLAMA3_8B)
+    cfg = load("--config", str(toml))
+    assert (cfg.model.flavor, cfg.training.seq_len, cfg.activation_checkpoint.mode) == ("8B", 8192, "selective")
+
+
+@pytest.mark.parametrize("toml, argv, expected", [
+    ("[training]\nstepz = 3\n", [], "unknown key 'stepz' in [training] (did you mean 'steps'?)"),
+    ("[trainig]\nsteps = 3\n", [], "unknown section [trainig] (did you mean 'training'?)"),
+    ("[training]\nsteps = 'many'\n", [], "[training] steps = 'many': expected an integer"),
+    ("[training]\nsteps = -4\n", [], "[training] steps = -4: must be >= 1"),
+    ("", ["--training.seq_len", "1.5"], "[training] seq_len = '1.5': expected an integer"),
+    ("", ["--optimizer.implementation", "fast"], "expected one of 'fused', 'foreach', 'for-loop'"),
+    ("", ["--parallelism.pipeline_parallel_degree", "2"], "not supported by titanlite yet"),
+    ("[validation]\nenabled = true\n", [], "the [validation] section is not supported by titanlite yet"),
+    ("", ["--training.global_batch_size", "12", "--training.local_batch_size", "8"],
+     "global_batch_size = 12 is not a multiple of local_batch_size = 8"),
+    ("", ["--lr_scheduler.decay_ratio", "1.5"], "decay_ratio = 1.5: must be within [0, 1]"),
+    ("[training\n", [], "not valid TOML"),
+    ("", ["--training.steps"], "--training.steps needs a value"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, toml, argv, expected):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as e:
+        load("--config", str(path), *argv)
+    assert expected in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def _preflight(*argv: str, world_size: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "titanlite.preflight", *argv], cwd=ROOT,
+                          env=clean_env(WORLD_SIZE=str(world_size)), capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--training.steps", "x"], "[training] steps = 'x': expected an integer"),
+    (["--model.flavor", "9B"], "flavor = '9B': unknown for llama3"),
+    (["--model.tokenizer_path", "/nonexistent/tokenizer.json"], "/nonexistent/tokenizer.json does not exist"),
+    (["--training.dataset_path", "/nonexistent/data"], "/nonexistent/data does not exist"),
+    (["--training.dataset", "c4"], "training.dataset = 'c4' is not built in"),
+    (["--model.n_heads", "7"], "dim = 256 is not divisible by n_heads = 7"),
+])
+def test_preflight_exit_code_2_one_line_no_traceback(argv, expected):
+    proc = _preflight("--config", str(DEBUG_CONFIG), *argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("titanlite: error: ") and expected in lines[0], lines[0]
+
+
+def test_empty_dataset_is_a_startup_error(tmp_path):
+    (tmp_path / "a.txt").write_text("")
+    proc = _preflight("--config", str(DEBUG_CONFIG), "--training.dataset_path", str(tmp_path))
+    assert proc.returncode == 2 and "every file is empty" in proc.stderr
+
+
+def test_run_train_reports_config_error_before_launch():
+    proc = subprocess.run(["bash", "run_train.sh", "--training.stepz", "3"], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "titanlite: error: command line (--training.stepz): unknown key 'stepz' in [training] "
+        "(did you mean 'steps'?)")
+    assert "Traceback" not in proc.stderr
+
+
+def test_print_config_roundtrips(tmp_path):
+    cfg = load("--config", str(DEBUG_CONFIG), "--training.steps", "11")
+    out = tmp_path / "resolved.toml"
+    out.write_text(config.to_toml(cfg))
+    again = load("--config", str(out))
+    assert again.training == cfg.training and again.model == cfg.model

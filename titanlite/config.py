@@ -1,0 +1,301 @@
+"""Load a JobConfig from TOML and command-line overrides (CLI > TOML > defaults).
+
+Every mistake a user can make here raises ConfigError with one line that names where the value
+came from, the section and key, the bad value and what was expected. Nothing heavy (torch,
+process groups, models) is touched, so errors come before any expensive work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from titanlite.config_schema import UNIMPLEMENTED_SECTIONS, JobConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A user-caused configuration mistake; the message is the whole explanation."""
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _closest(name: str, options: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    base, optional = _strip_optional(tp)
+    if typing.get_origin(base) is list:
+        name = f"a list of {typing.get_args(base)[0].__name__} (comma-separated on the CLI)"
+    else:
+        name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[base]
+    return name + (" or none" if optional else "")
+
+
+def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
+    """Convert a TOML or CLI value to the field type; ValueError if it is not one."""
+    base, optional = _strip_optional(tp)
+    if optional and (value is None or (from_cli and str(value).lower() in ("none", "null"))):
+        return None
+    if typing.get_origin(base) is list:
+        item_tp = typing.get_args(base)[0]
+        if from_cli:
+            value = [v.strip() for v in str(value).split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ValueError
+        return [_coerce(v, item_tp, from_cli) for v in value]
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and str(value).lower() in _TRUE | _FALSE:
+            return str(value).lower() in _TRUE
+        raise ValueError
+    if base is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if from_cli:
+            return int(str(value), 0)
+        raise ValueError
+    if base is float:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if from_cli:
+            return float(str(value))
+        raise ValueError
+    if base is str:
+        if isinstance(value, str):
+            return value
+        # TOML writes `selective_ac_option = 2` as well as '2'.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        raise ValueError
+    raise TypeError(f"unsupported config field type {tp}")
+
+
+def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli: bool) -> None:
+    where = f"{origin}: [{section}] {key}"
+    if not hasattr(cfg, section):
+        options = [f.name for f in dataclasses.fields(JobConfig)]
+        raise ConfigError(f"{origin}: unknown section [{section}]{_closest(section, options)}")
+    sec = getattr(cfg, section)
+    fields = {f.name: f for f in dataclasses.fields(sec)}
+    if key not in fields:
+        raise ConfigError(f"{origin}: unknown key '{key}' in [{section}]{_closest(key, fields)}")
+    tp = _field_types(type(sec))[key]
+    try:
+        value = _coerce(raw, tp, from_cli)
+    except ValueError:
+        raise ConfigError(f"{where} = {raw!r}: expected {_type_name(tp)}") from None
+    meta = fields[key].metadata
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise ConfigError(f"{where} = {value!r}: expected one of {shown}")
+    low = meta.get("min")
+    if low is not None and value is not None and value < low:
+        raise ConfigError(f"{where} = {value!r}: must be >= {low}")
+    if meta.get("unsupported") and value != _default(fields[key]):
+        raise ConfigError(
+            f"{where} = {value!r}: not supported by titanlite yet; remove it or set it back to "
+            f"{_default(fields[key])!r}"
+        )
+    setattr(sec, key, value)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _apply_toml(cfg: JobConfig, data: dict[str, Any], origin: str) -> None:
+    for section, body in data.items():
+        if section in UNIMPLEMENTED_SECTIONS:
+            _check_unimplemented(section, body, origin)
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{origin}: '{section}' must be a [section] table, got {body!r}")
+        for key, value in body.items():
+            _set(cfg, section, key, value, origin, from_cli=False)
+
+
+def _check_unimplemented(section: str, body: Any, origin: str) -> None:
+    for key, default in UNIMPLEMENTED_SECTIONS[section].items():
+        if isinstance(body, dict) and key in body and body[key] != default:
+            raise ConfigError(
+                f"{origin}: [{section}] {key} = {body[key]!r}: the [{section}] section is not "
+                f"supported by titanlite yet; remove it or set {key} = {default!r}"
+            )
+
+
+def parse_cli(argv: list[str], cfg: JobConfig) -> list[tuple[str, str, Any]]:
+    """Turn `--section.key value`, `--section.key=value` and bare `--section.flag` into
+    (section, key, raw value) triples; --config is handled by the caller."""
+    out: list[tuple[str, str, Any]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(
+                f"command line: unexpected argument {arg!r}; overrides look like --section.key value"
+            )
+        name, eq, value = arg[2:].partition("=")
+        section, _, key = name.partition(".")
+        if not eq:
+            tp = _cli_field_type(cfg, section, key)
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            is_bool = _strip_optional(tp)[0] is bool if tp is not None else False
+            if is_bool and (nxt is None or nxt.startswith("--") or nxt.lower() not in _TRUE | _FALSE):
+                value = True
+            elif nxt is None or nxt.startswith("--"):
+                raise ConfigError(f"command line: --{name} needs a value")
+            else:
+                value = nxt
+                i += 1
+        out.append((section, key, value))
+        i += 1
+    return out
+
+
+def _cli_field_type(cfg: JobConfig, section: str, key: str) -> Any:
+    sec = getattr(cfg, section, None)
+    if sec is None or not dataclasses.is_dataclass(sec):
+        return None
+    return _field_types(type(sec)).get(key)
+
+
+def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Pull `--config PATH` / `--config=PATH` out of argv."""
+    path, rest, i = None, [], 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("command line: --config needs a path")
+            path = argv[i + 1]
+            i += 2
+            continue
+        if argv[i].startswith("--config="):
+            path = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return path, rest
+
+
+def resolve_config_path(path: str) -> Path:
+    """A bare preset name (`llama_8b.toml`) means the one in train_configs/."""
+    p = Path(path)
+    if p.exists():
+        return p
+    preset = Path(__file__).resolve().parent.parent / "train_configs" / p.name
+    if len(p.parts) == 1 and preset.exists():
+        return preset
+    raise ConfigError(f"config file {path} does not exist; pass a path or a name in train_configs/")
+
+
+def load(argv: list[str]) -> JobConfig:
+    """Build the JobConfig for `--config PATH [--section.key value ...]`."""
+    cfg = JobConfig()
+    path, rest = split_config_arg(argv)
+    if path is not None:
+        cfg_path = resolve_config_path(path)
+        try:
+            data = tomllib.loads(cfg_path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{cfg_path}: not valid TOML: {e}") from None
+        _apply_toml(cfg, data, str(cfg_path))
+        cfg.job.config_file = str(cfg_path)
+    for section, key, value in parse_cli(rest, cfg):
+        _set(cfg, section, key, value, f"command line (--{section}.{key})", from_cli=True)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: JobConfig) -> None:
+    """Checks that involve several keys; layout checks that need the world size live in
+    parallelisms.parallel_dims."""
+    t, lr = cfg.training, cfg.lr_scheduler
+    if lr.decay_ratio is not None and lr.decay_ratio > 1:
+        raise ConfigError(f"[lr_scheduler] decay_ratio = {lr.decay_ratio}: must be within [0, 1]")
+    if lr.lr_min > 1:
+        raise ConfigError(
+            f"[lr_scheduler] lr_min = {lr.lr_min}: it is a fraction of optimizer.lr, within [0, 1]"
+        )
+    if t.global_batch_size != -1 and t.global_batch_size < 1:
+        raise ConfigError(
+            f"[training] global_batch_size = {t.global_batch_size}: expected -1 or a positive integer"
+        )
+    if t.global_batch_size != -1 and t.global_batch_size % t.local_batch_size:
+        raise ConfigError(
+            f"[training] global_batch_size = {t.global_batch_size} is not a multiple of "
+            f"local_batch_size = {t.local_batch_size}"
+        )
+    ac = cfg.activation_checkpoint
+    if ac.mode == "selective" and ac.selective_ac_option != "op":
+        if not ac.selective_ac_option.isdigit() or int(ac.selective_ac_option) < 1:
+            raise ConfigError(
+                f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r}: "
+                "expected a positive integer (every N-th block) or 'op'"
+            )
+    p = cfg.parallelism
+    if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
+        raise ConfigError(
+            f"[parallelism] data_parallel_shard_degree = {p.data_parallel_shard_degree}: expected "
+            "-1 (use what the world size leaves) or a positive integer"
+        )
+
+
+def to_dict(cfg: JobConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: JobConfig) -> str:
+    """The resolved config as TOML (None values are left out: TOML has no null)."""
+    lines: list[str] = []
+    for section, body in to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        for key, value in body.items():
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,215 @@
+"""The job configuration: one typed dataclass per TOML section.
+
+Section and key names follow TorchTitan's TOML-era schema wherever the concept is the same, so
+that a TorchTitan Llama 3 TOML loads unchanged apart from file paths. Field metadata drives the
+loader (`titanlite.config`): `choices`, `min`, and `unsupported`, which names a value beyond the
+default that titanlite does not implement yet (the loader refuses it with a clear error rather
+than silently ignoring it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, help: str = "", **meta: Any) -> Any:
+    """A config field: its default, a one-line help, and loader metadata."""
+    meta["help"] = help
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Job:
+    config_file: str | None = opt(None, "TOML file this config was loaded from")
+    dump_folder: str = opt("./outputs", "every output of the run lives under this folder")
+    description: str = opt("", "free text")
+    print_config: bool = opt(False, "print the resolved config at start")
+    print_args: bool = opt(False, "TorchTitan's name for print_config")
+    use_for_integration_test: bool = opt(False, "a tag TorchTitan uses; no effect")
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = opt(False, "record torch.profiler traces")
+    save_traces_folder: str = opt("profile_trace", "under job.dump_folder")
+    profile_freq: int = opt(10, "steps between traces", min=1)
+    enable_memory_snapshot: bool = opt(False, "CUDA memory snapshots", unsupported=True)
+    save_memory_snapshot_folder: str = opt("memory_snapshot", "under job.dump_folder")
+
+
+@dataclass
+class Metrics:
+    log_freq: int = opt(10, "steps between metric lines", min=1)
+    enable_tensorboard: bool = opt(False, "write TensorBoard scalars")
+    disable_color_printing: bool = opt(False, "plain console lines")
+    save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
+    save_for_all_ranks: bool = opt(False, "TensorBoard from every rank", unsupported=True)
+    enable_wandb: bool = opt(False, "Weights & Biases", unsupported=True)
+    peak_flops: float | None = opt(
+        None, "peak FLOP/s per device for MFU (default: from a table of known GPUs)", min=0.0
+    )
+
+
+@dataclass
+class Model:
+    name: str = opt("llama3", "model family", choices=["llama3"])
+    flavor: str = opt("debugmodel", "named size within the family")
+    tokenizer_path: str = opt("", "tokenizer.json (Hugging Face tokenizers); '' = built-in")
+    converters: list[str] = opt([], "model converters, e.g. float8", unsupported=True)
+    print_after_conversion: bool = opt(False, "print the model after conversion")
+    # Shape overrides for experiments; None keeps the flavor's value.
+    dim: int | None = opt(None, "hidden size", min=1)
+    n_layers: int | None = opt(None, "transformer blocks", min=1)
+    n_heads: int | None = opt(None, "attention heads", min=1)
+    n_kv_heads: int | None = opt(None, "key/value heads (GQA)", min=1)
+    multiple_of: int | None = opt(None, "FFN hidden size rounding", min=1)
+    ffn_dim_multiplier: float | None = opt(None, "FFN hidden size multiplier", min=0.0)
+    norm_eps: float | None = opt(None, "RMSNorm epsilon", min=0.0)
+    rope_theta: float | None = opt(None, "RoPE base", min=0.0)
+
+
+@dataclass
+class Optimizer:
+    name: str = opt("AdamW", "optimizer", choices=["AdamW", "Adam"])
+    lr: float = opt(8e-4, "peak learning rate", min=0.0)
+    beta1: float = opt(0.9, "", min=0.0)
+    beta2: float = opt(0.95, "", min=0.0)
+    eps: float = opt(1e-8, "", min=0.0)
+    weight_decay: float = opt(0.1, "decoupled weight decay", min=0.0)
+    implementation: str = opt(
+        "fused", "fused / foreach / for-loop", choices=["fused", "foreach", "for-loop"]
+    )
+    early_step_in_backward: bool = opt(False, "", unsupported=True)
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = opt(200, "linear warmup steps", min=0)
+    decay_ratio: float | None = opt(
+        None, "fraction of steps spent decaying (WSD); None = all steps after warmup", min=0.0
+    )
+    decay_type: str = opt("linear", "decay shape", choices=["linear", "sqrt", "cosine"])
+    lr_min: float = opt(0.0, "final LR as a fraction of the peak", min=0.0)
+
+
+@dataclass
+class Training:
+    dataset: str = opt("titanlite_corpus", "built-in dataset name (used when dataset_path is unset)")
+    dataset_path: str | None = opt(None, "a local .txt/.jsonl file or a folder of them")
+    dataset_text_field: str = opt("text", "the text field of .jsonl records")
+    local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1)
+    global_batch_size: int = opt(-1, "sequences per optimizer step; -1 = local x dp (no accumulation)")
+    seq_len: int = opt(2048, "tokens per sequence", min=1)
+    max_norm: float = opt(1.0, "gradient-norm clipping; 0 disables it", min=0.0)
+    steps: int = opt(10000, "optimizer steps", min=1)
+    enable_cpu_offload: bool = opt(False, "FSDP2 CPU offload of parameters and gradients")
+    mixed_precision_param: str = opt(
+        "bfloat16", "parameter dtype in compute", choices=["float32", "bfloat16", "float16"]
+    )
+    mixed_precision_reduce: str = opt(
+        "float32", "gradient reduce dtype", choices=["float32", "bfloat16"]
+    )
+    compile: bool = opt(False, "torch.compile each transformer block and the loss")
+    gc_freq: int = opt(50, "steps between garbage collections", min=1)
+    seed: int | None = opt(None, "seed; None = random, broadcast from rank 0 and logged", min=0)
+    deterministic: bool = opt(False, "deterministic algorithms (slower)")
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = opt(1, "HSDP/DDP replicas", min=1)
+    data_parallel_shard_degree: int = opt(-1, "FSDP shards; -1 = what the world size leaves")
+    fsdp_reshard_after_forward: str = opt(
+        "default", "free gathered params after forward", choices=["default", "always", "never"]
+    )
+    fsdp_sync_grads_each_microbatch: bool = opt(
+        True, "reduce-scatter per micro-batch (least memory) rather than once per step"
+    )
+    tensor_parallel_degree: int = opt(1, "tensor-parallel ranks (innermost mesh dim)", min=1)
+    disable_loss_parallel: bool = opt(False, "gather logits before the loss under TP")
+    enable_async_tensor_parallel: bool = opt(False, "async TP (CUDA + compile)")
+    enable_compiled_autograd: bool = opt(False, "", unsupported=True)
+    pipeline_parallel_degree: int = opt(1, "", unsupported=True)
+    pipeline_parallel_split_points: list[str] = opt([], "", unsupported=True)
+    pipeline_parallel_schedule: str = opt("1F1B", "", unsupported=True)
+    pipeline_parallel_microbatch_size: int = opt(1, "", unsupported=True)
+    context_parallel_degree: int = opt(1, "", unsupported=True)
+    context_parallel_rotate_method: str = opt("allgather", "", unsupported=True)
+    expert_parallel_degree: int = opt(1, "", unsupported=True)
+
+
+@dataclass
+class Checkpoint:
+    enable_checkpoint: bool = opt(False, "save DCP checkpoints", unsupported=True)
+    folder: str = opt("checkpoint", "under job.dump_folder")
+    interval: int = opt(500, "steps between saves", min=1)
+    async_mode: str = opt(
+        "disabled", "", choices=["disabled", "async", "async_with_pinned_mem"]
+    )
+    keep_latest_k: int = opt(10, "0 = keep all", min=0)
+    model_weights_only: bool = opt(False, "")
+    last_save_model_weights_only: bool = opt(False, "")
+    export_dtype: str = opt("float32", "", choices=["float32", "bfloat16", "float16"])
+    load_step: int = opt(-1, "-1 = latest")
+    create_seed_checkpoint: bool = opt(False, "", unsupported=True)
+    exclude_from_loading: list[str] = opt([], "")
+    initial_load_path: str | None = opt(None, "", unsupported=True)
+    initial_load_model_weights_only: bool = opt(True, "")
+    enable_first_step_checkpoint: bool = opt(False, "", unsupported=True)
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: str = opt("selective", "recompute activations", choices=["none", "selective", "full"])
+    selective_ac_option: str = opt("2", "an integer N (every N-th block) or 'op'")
+
+
+@dataclass
+class Float8:
+    enable_fsdp_float8_all_gather: bool = opt(False, "")
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(False, "")
+    force_recompute_fp8_weight_in_bwd: bool = opt(False, "")
+    recipe_name: str | None = opt(
+        None, "tensorwise / rowwise / rowwise_with_gw_hp",
+        choices=[None, "tensorwise", "rowwise", "rowwise_with_gw_hp"],
+    )
+    filter_fqns: list[str] = opt(["output"], "modules never converted")
+    emulate: bool = opt(False, "emulate float8 matmuls (CPU / older GPUs)")
+
+
+@dataclass
+class Comm:
+    init_timeout_seconds: int = opt(300, "timeout of the first collectives", min=1)
+    train_timeout_seconds: int = opt(100, "collective timeout during training", min=1)
+    trace_buf_size: int = opt(20000, "NCCL flight recorder entries", min=0)
+    save_traces_folder: str = opt("comm_traces", "under job.dump_folder")
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    profiling: Profiling = field(default_factory=Profiling)
+    metrics: Metrics = field(default_factory=Metrics)
+    model: Model = field(default_factory=Model)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    float8: Float8 = field(default_factory=Float8)
+    comm: Comm = field(default_factory=Comm)
+
+
+# TorchTitan sections titanlite has no counterpart for yet: accepted when they hold these
+# defaults (so a TorchTitan TOML loads), refused otherwise.
+UNIMPLEMENTED_SECTIONS: dict[str, dict[str, Any]] = {
+    "experimental": {"custom_import": "", "custom_args_module": ""},
+    "fault_tolerance": {"enable": False},
+    "memory_estimation": {"enabled": False, "disable_fake_mode": False},
+    "validation": {"enabled": False},
+    "mx": {},
+}

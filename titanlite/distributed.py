@@ -1,0 +1,89 @@
+"""Device, backend and process group: the one place that knows about CUDA vs CPU, so the rest of
+the stack runs the same code on gloo as on NCCL."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+
+import torch
+import torch.distributed as dist
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def local_device() -> torch.device:
+    if device_type() == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    # CPU tensors still travel over gloo on GPU machines (e.g. object collectives).
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def launched_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init(timeout_seconds: int) -> torch.device:
+    """Create the default process group. Without torchrun, a one-process group on an in-memory
+    store, so single-process runs go through exactly the same code."""
+    device = local_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_seconds)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend_for(device), timeout=timeout, device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    return device
+
+
+def set_timeout(seconds: int) -> None:
+    """Tighten the collective timeout once start-up (which may be slow) is over."""
+    group = dist.distributed_c10d._get_default_group()
+    for backend_device in ("cpu", "cuda"):
+        try:
+            group._get_backend(torch.device(backend_device))._set_default_timeout(
+                datetime.timedelta(seconds=seconds))
+        except (RuntimeError, AttributeError):
+            pass
+
+
+def check_distinct_devices(device: torch.device) -> None:
+    """Two ranks on one GPU is the most common launch mistake: fail on every rank, clearly."""
+    if device.type != "cuda" or dist.get_world_size() == 1:
+        return
+    key = f"{os.uname().nodename}:{torch.cuda.get_device_properties(device).uuid}"
+    keys: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(keys, key)
+    if len(set(keys)) != len(keys):
+        raise RuntimeError(
+            "several ranks share one GPU; launch one process per GPU (NGPU = number of GPUs, "
+            "CUDA_VISIBLE_DEVICES set per node)"
+        )
+
+
+def agree_on_seed(seed: int | None) -> int:
+    """The configured seed, or a fresh one drawn on rank 0 and shared, so that every rank
+    initializes the same model and the run can be reproduced from the logged value."""
+    if seed is not None:
+        return seed
+    box = [random.SystemRandom().randrange(2**31)]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def set_determinism(seed: int, deterministic: bool) -> None:
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False

@@ -1,0 +1,69 @@
+"""Optimizer, learning-rate schedule and gradient clipping (all work on DTensor parameters)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from titanlite.config_schema import LRScheduler, Optimizer
+
+
+def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:
+    # Norm gains (1-D) are not decayed: shrinking them towards 0 only fights the normalization.
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps,
+              "fused": cfg.implementation == "fused", "foreach": cfg.implementation == "foreach"}
+    cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
+    return cls(groups, **kwargs)
+
+
+def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
+    """Multiplier of the peak LR after `step` optimizer steps (0-based): linear warmup, a stable
+    phase, then decay to lr_min (warmup-stable-decay when decay_ratio is set)."""
+    warmup = cfg.warmup_steps
+    decay = total_steps - warmup if cfg.decay_ratio is None else round(total_steps * cfg.decay_ratio)
+    # A short run (e.g. --training.steps 5 on a preset) shortens the decay rather than failing.
+    decay = max(0, min(decay, total_steps - warmup))
+    stable_end = total_steps - decay
+    if step < warmup:
+        # (step + 1) / (warmup + 1): never zero, so the first step already learns.
+        return (step + 1) / (warmup + 1)
+    if step < stable_end or decay <= 0:
+        return 1.0
+    progress = min(1.0, (step - stable_end + 1) / decay)
+    if cfg.decay_type == "linear":
+        shape = 1 - progress
+    elif cfg.decay_type == "sqrt":
+        shape = 1 - math.sqrt(progress)
+    else:
+        shape = 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.lr_min + (1 - cfg.lr_min) * shape
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler,
+                       total_steps: int) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Global gradient norm over all ranks' shards, clipping when max_norm > 0.
+
+    With sharded (DTensor) gradients the per-shard norms are reduced across the mesh by
+    DTensor itself; full_tensor() then gives every rank the same global value.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

@@ -1,0 +1,221 @@
+"""The trainer: where the config sections meet. `python -m titanlite.train --config PATH [...]`.
+
+Flow: config + preflight checks (no process group yet) -> process group and mesh -> tokenizer
+and loader -> model on the meta device -> parallelize (TP, AC, compile, FSDP) -> materialize
+and initialize the local shards -> optimizer on the sharded parameters -> the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from models import MODELS
+from parallelisms import PARALLELIZE_FNS, ParallelizeOptions, loss_context
+from titanlite import config as config_lib
+from titanlite import distributed, preflight
+from titanlite.config_schema import JobConfig
+from titanlite.data import Tokenizer, build_dataloader
+from titanlite.logging import init_logger, logger
+from titanlite.metrics import MetricsLogger
+from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from titanlite.profiling import maybe_profile
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # In float32 whatever the compute dtype: a bf16 log-softmax over 128K classes loses bits.
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class Trainer:
+    def __init__(self, job: JobConfig, pre: preflight.Preflight):
+        self.job, self.pre = job, pre
+        t, p = job.training, job.parallelism
+        self.device = distributed.init(job.comm.init_timeout_seconds)
+        self.rank = dist.get_rank()
+        distributed.check_distinct_devices(self.device)
+        self.dims = pre.dims
+        self.mesh = self.dims.build_mesh(self.device.type)
+        self._log_layout()
+        self.seed = distributed.agree_on_seed(t.seed)
+        distributed.set_determinism(self.seed, t.deterministic)
+        self.dump_folder = Path(job.job.dump_folder)
+        if self.rank == 0:
+            self._save_resolved_config()
+
+        dp_mesh = self.dims.dp_mesh(self.mesh)
+        self.dp_mesh = dp_mesh
+        dp_rank, dp_size = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh else (0, 1)
+        tokenizer = Tokenizer(pre.tokenizer_path)
+        self.dataloader = build_dataloader(
+            pre.dataset_files, tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
+            dp_rank=dp_rank, dp_size=dp_size, seed=self.seed, text_field=t.dataset_text_field)
+
+        spec = MODELS[job.model.name]
+        with torch.device("meta"):
+            model = spec.model_cls(pre.model_args)
+        n_params = spec.num_params(pre.model_args)
+        self.flops_per_token = spec.training_flops_per_token(pre.model_args, t.seq_len)
+        logger.info(f"model {job.model.name} {job.model.flavor}: {n_params:,} parameters, "
+                    f"{self.flops_per_token / 1e9:.3f} GFLOPs per token (training), seed {self.seed}")
+        self.param_dtype = DTYPES[t.mixed_precision_param]
+        self.loss_parallel = self.dims.tp_enabled and not p.disable_loss_parallel
+        opts = ParallelizeOptions(
+            loss_parallel=self.loss_parallel, async_tp=p.enable_async_tensor_parallel,
+            ac_mode=job.activation_checkpoint.mode, ac_option=job.activation_checkpoint.selective_ac_option,
+            compile=t.compile, param_dtype=self.param_dtype,
+            reduce_dtype=DTYPES[t.mixed_precision_reduce],
+            reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload)
+        model = PARALLELIZE_FNS[job.model.name](model, self.dims, self.mesh, opts)
+        init_device = torch.device("cpu") if t.enable_cpu_offload else self.device
+        model.to_empty(device=init_device)
+        model.init_weights(self.seed, buffer_device=self.device)
+        model.train()
+        self.model = model
+        if job.model.print_after_conversion and self.rank == 0:
+            logger.info(f"model after parallelization:\n{model}")
+
+        self.loss_fn = torch.compile(cross_entropy_loss) if t.compile else cross_entropy_loss
+        # FSDP casts parameters itself; without it, autocast gives the same compute dtype.
+        self.amp = (torch.autocast(self.device.type, dtype=self.param_dtype)
+                    if not self.dims.fsdp_enabled and self.param_dtype != torch.float32
+                    else contextlib.nullcontext())
+        self.optimizer = build_optimizer(model, job.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
+        self.grad_accum_steps = pre.grad_accum_steps
+        self.params = [q for q in model.parameters() if q.requires_grad]
+        self.step = 0
+        tokens_per_device = t.local_batch_size * t.seq_len * self.grad_accum_steps / self.dims.tp
+        self.metrics = MetricsLogger(
+            job.metrics, self.dump_folder, self.device, write_files=self.rank == 0,
+            flops_per_token=self.flops_per_token, tokens_per_step_per_device=tokens_per_device,
+            total_steps=t.steps)
+        logger.info(
+            f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "
+            f"micro-batch, {self.grad_accum_steps} micro-batch(es) per step, data-parallel degree "
+            f"{self.dims.dp_size}, {t.local_batch_size * self.dims.dp_size * self.grad_accum_steps} "
+            "sequences per step")
+
+    def _log_layout(self) -> None:
+        """The rank -> device -> mesh coordinate map, once, on rank 0."""
+        mine = f"rank {self.rank} -> {self.device} -> {dict(zip(self.mesh.mesh_dim_names, self.mesh.get_coordinate()))}"
+        everyone: list[str] = [""] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        if self.rank == 0:
+            logger.info(f"mesh {self.dims.describe()}:\n  " + "\n  ".join(everyone))
+
+    def _save_resolved_config(self) -> None:
+        self.dump_folder.mkdir(parents=True, exist_ok=True)
+        path, text = self.dump_folder / "config.toml", config_lib.to_toml(self.job)
+        if path.exists() and path.read_text() != text:
+            kept = path.with_name(f"config.{int(path.stat().st_mtime)}.toml")
+            path.rename(kept)
+            logger.info(f"an earlier run's config kept as {kept}")
+        path.write_text(text)
+
+    def next_microbatches(self, data_iter) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        start = time.perf_counter()
+        batches = []
+        for _ in range(self.grad_accum_steps):
+            inputs, labels = next(data_iter)
+            batches.append((inputs.to(self.device, non_blocking=True),
+                            labels.to(self.device, non_blocking=True)))
+        self.metrics.add_data_time(time.perf_counter() - start)
+        return batches
+
+    def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimizer step over the micro-batches: (summed loss, grad norm, LR used)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        n = len(microbatches)
+        sync_each = self.job.parallelism.fsdp_sync_grads_each_microbatch
+        loss_sum = torch.zeros((), device=self.device)
+        for i, (inputs, labels) in enumerate(microbatches):
+            if self.dims.fsdp_enabled and not sync_each:
+                # One reduce-scatter per step instead of one per micro-batch, for more memory.
+                self.model.set_requires_gradient_sync(i == n - 1)
+            with loss_context(self.loss_parallel):
+                with self.amp:
+                    logits = self.model(inputs)
+                    loss = self.loss_fn(logits, labels) / n
+                loss.backward()
+            loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
+        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        return loss_sum, grad_norm, lr
+
+    def global_mean(self, value: torch.Tensor) -> float:
+        """Mean over data-parallel ranks (gloo has no AVG: sum, then divide)."""
+        if self.dp_mesh is not None:
+            value = value.clone()
+            dist.all_reduce(value, group=self.dp_mesh.get_group())
+            value /= self.dp_mesh.size()
+        return value.item()
+
+    def train(self) -> list[dict]:
+        t = self.job.training
+        gc.disable()
+        gc.collect()
+        data_iter = iter(self.dataloader)
+        distributed.set_timeout(self.job.comm.train_timeout_seconds)
+        records = []
+        with maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler:
+            while self.step < t.steps:
+                self.step += 1
+                if self.step % t.gc_freq == 0:
+                    gc.collect(1)
+                microbatches = self.next_microbatches(data_iter)
+                loss, grad_norm, lr = self.train_step(microbatches)
+                self.metrics.count_step()
+                # Reading the loss syncs with the device: only on the steps that log it.
+                if self.metrics.should_log(self.step):
+                    records.append(self.metrics.log(
+                        self.step, self.global_mean(loss), grad_norm.item(), lr))
+                if profiler is not None:
+                    profiler.step()
+        logger.info(f"training done: {self.step} steps")
+        return records
+
+    def close(self) -> None:
+        self.metrics.close()
+        gc.enable()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    init_logger()
+    try:
+        job, pre = preflight.run(argv, distributed.launched_world_size())
+    except preflight.user_errors() as e:
+        print(f"titanlite: error: {e}", file=sys.stderr)
+        return 2
+    if job.job.print_config or job.job.print_args:
+        if os.environ.get("RANK", "0") == "0":
+            print(config_lib.to_toml(job))
+    trainer = Trainer(job, pre)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    cli()
