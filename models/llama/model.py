@@ -41,10 +41,12 @@ def _llama31_scale(freqs: torch.Tensor, factor: float, low: float, high: float, 
 
 
 def apply_rope(xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (batch, seq, heads, head_dim) queries and keys by position."""
+    """Rotate (batch, seq, heads, head_dim) queries and keys by position; `freqs` may cover
+    more positions than seq (the model passes its whole table: under sequence parallel the
+    block input is sharded on seq, so only the attention knows the full length)."""
     def rotate(x: torch.Tensor) -> torch.Tensor:
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        out = torch.view_as_real(xc * freqs[None, :, None, :]).flatten(3)
+        out = torch.view_as_real(xc * freqs[None, : x.shape[1], None, :]).flatten(3)
         return out.type_as(x)
 
     return rotate(xq), rotate(xk)
@@ -142,9 +144,8 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        freqs = self.freqs_cis[: h.shape[1]]
         for layer in self.layers.values():
-            h = layer(h, freqs)
+            h = layer(h, self.freqs_cis)
         return self.output(self.norm(h))
 
     @torch.no_grad()
