@@ -1,6 +1,6 @@
 """Parallelisms, one module each, composed per model family by `parallelize_<model>.py`."""
 
-from parallelisms.parallel_dims import LayoutError, ParallelDims, check_layout
+from parallelisms.parallel_dims import LayoutError, Meshes, ParallelDims, check_layout
 from parallelisms.parallelize_llama import ParallelizeOptions, parallelize_llama
 from parallelisms.tensor_parallel import loss_context
 
@@ -8,6 +8,6 @@ from parallelisms.tensor_parallel import loss_context
 PARALLELIZE_FNS = {"llama3": parallelize_llama}
 
 __all__ = [
-    "PARALLELIZE_FNS", "LayoutError", "ParallelDims", "ParallelizeOptions", "check_layout",
+    "PARALLELIZE_FNS", "LayoutError", "Meshes", "ParallelDims", "ParallelizeOptions", "check_layout",
     "loss_context", "parallelize_llama",
 ]

@@ -12,6 +12,17 @@ from dataclasses import dataclass
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
+@dataclass(frozen=True)
+class Meshes:
+    """The world mesh and the submeshes each parallelism works on (None when unused)."""
+
+    world: DeviceMesh
+    dp: DeviceMesh | None  # flattened replicate x shard: data loading and loss averaging
+    fsdp: DeviceMesh | None  # 1D shard, or 2D (replicate, shard) for HSDP
+    ddp: DeviceMesh | None  # pure replication
+    tp: DeviceMesh | None
+
+
 class LayoutError(ValueError):
     """An impossible parallel layout; the message names the setting and the fix."""
 
@@ -73,23 +84,20 @@ class ParallelDims:
             dims = [(1, "dp_shard")]
         return tuple(d for d, _ in dims), tuple(n for _, n in dims)
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
+    def build_meshes(self, device_type: str) -> Meshes:
         shape, names = self.mesh_shape()
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        world = init_device_mesh(device_type, shape, mesh_dim_names=names)
         dp_names = tuple(n for n in names if n.startswith("dp_"))
-        if dp_names:
-            mesh[dp_names]._flatten("dp")
-        return mesh
-
-    def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh | None:
-        """The flattened data-parallel submesh (None when every rank holds the same data)."""
-        return mesh["dp"] if self.dp_size > 1 else None
-
-    def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
-        """FSDP's mesh: 1D (shard) for FSDP, 2D (replicate, shard) for HSDP."""
-        if self.dp_replicate > 1:
-            return mesh["dp_replicate", "dp_shard"]
-        return mesh["dp_shard"]
+        # The flattened mesh is kept here: slicing it back out of the root mesh is deprecated.
+        dp = world[dp_names]._flatten("dp") if self.dp_size > 1 else None
+        fsdp = None
+        if self.fsdp_enabled:
+            fsdp = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
+        return Meshes(
+            world=world, dp=dp, fsdp=fsdp,
+            ddp=world["dp_replicate"] if self.ddp_enabled else None,
+            tp=world["tp"] if self.tp_enabled else None,
+        )
 
     def describe(self) -> str:
         shape, names = self.mesh_shape()

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from parallelisms.activation_checkpoint import apply_ac
 from parallelisms.compile import apply_compile
 from parallelisms.ddp import apply_ddp
 from parallelisms.fsdp import apply_fsdp
-from parallelisms.parallel_dims import ParallelDims
+from parallelisms.parallel_dims import Meshes, ParallelDims
 from parallelisms.tensor_parallel import apply_tp, enable_async_tp
 
 
@@ -36,13 +35,13 @@ class ParallelizeOptions:
     cpu_offload: bool = False
 
 
-def parallelize_llama(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh,
+def parallelize_llama(model: nn.Module, dims: ParallelDims, meshes: Meshes,
                       opts: ParallelizeOptions) -> nn.Module:
     if dims.tp_enabled:
-        apply_tp(model, list(model.layers.values()), mesh["tp"],
+        apply_tp(model, list(model.layers.values()), meshes.tp,
                  loss_parallel_enabled=opts.loss_parallel)
         if opts.async_tp:
-            enable_async_tp(mesh["tp"])
+            enable_async_tp(meshes.tp)
 
     if opts.ac_mode != "none":
         for name, block in apply_ac(dict(model.layers.items()), opts.ac_mode, opts.ac_option).items():
@@ -52,9 +51,9 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh,
         apply_compile(list(model.layers.values()))
 
     if dims.fsdp_enabled:
-        apply_fsdp(model, list(model.layers.values()), dims.fsdp_mesh(mesh),
+        apply_fsdp(model, list(model.layers.values()), meshes.fsdp,
                    param_dtype=opts.param_dtype, reduce_dtype=opts.reduce_dtype,
                    reshard_after_forward=opts.reshard_after_forward, cpu_offload=opts.cpu_offload)
     elif dims.ddp_enabled:
-        apply_ddp(model, mesh["dp_replicate"])
+        apply_ddp(model, meshes.ddp)
     return model

@@ -47,3 +47,23 @@ def read_jsonl(path: Path) -> list[dict]:
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return proc
+
+
+def _spawn_entry(rank: int, fn, world_size: int, port: int, args: tuple) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo")
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world_size: int, *args) -> None:
+    """Run fn(rank, world_size, *args) in world_size processes on a real gloo process group."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_spawn_entry, args=(fn, world_size, free_port(), args), nprocs=world_size,
+                       start_method="spawn")

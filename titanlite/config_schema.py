@@ -75,14 +75,14 @@ class Model:
 class Optimizer:
     name: str = opt("AdamW", "optimizer", choices=["AdamW", "Adam"])
     lr: float = opt(8e-4, "peak learning rate", min=0.0)
-    beta1: float = opt(0.9, "", min=0.0)
-    beta2: float = opt(0.95, "", min=0.0)
-    eps: float = opt(1e-8, "", min=0.0)
+    beta1: float = opt(0.9, "Adam first-moment decay", min=0.0)
+    beta2: float = opt(0.95, "Adam second-moment decay", min=0.0)
+    eps: float = opt(1e-8, "Adam denominator epsilon", min=0.0)
     weight_decay: float = opt(0.1, "decoupled weight decay", min=0.0)
     implementation: str = opt(
         "fused", "fused / foreach / for-loop", choices=["fused", "foreach", "for-loop"]
     )
-    early_step_in_backward: bool = opt(False, "", unsupported=True)
+    early_step_in_backward: bool = opt(False, "step each parameter during backward", unsupported=True)
 
 
 @dataclass
@@ -131,34 +131,37 @@ class Parallelism:
     tensor_parallel_degree: int = opt(1, "tensor-parallel ranks (innermost mesh dim)", min=1)
     disable_loss_parallel: bool = opt(False, "gather logits before the loss under TP")
     enable_async_tensor_parallel: bool = opt(False, "async TP (CUDA + compile)")
-    enable_compiled_autograd: bool = opt(False, "", unsupported=True)
-    pipeline_parallel_degree: int = opt(1, "", unsupported=True)
-    pipeline_parallel_split_points: list[str] = opt([], "", unsupported=True)
-    pipeline_parallel_schedule: str = opt("1F1B", "", unsupported=True)
-    pipeline_parallel_microbatch_size: int = opt(1, "", unsupported=True)
-    context_parallel_degree: int = opt(1, "", unsupported=True)
-    context_parallel_rotate_method: str = opt("allgather", "", unsupported=True)
-    expert_parallel_degree: int = opt(1, "", unsupported=True)
+    enable_compiled_autograd: bool = opt(False, "compiled autograd", unsupported=True)
+    pipeline_parallel_degree: int = opt(1, "pipeline stages", unsupported=True)
+    pipeline_parallel_split_points: list[str] = opt([], "pipeline stage boundaries", unsupported=True)
+    pipeline_parallel_schedule: str = opt("1F1B", "pipeline schedule", unsupported=True)
+    pipeline_parallel_microbatch_size: int = opt(1, "pipeline micro-batch", unsupported=True)
+    context_parallel_degree: int = opt(1, "context-parallel ranks", unsupported=True)
+    context_parallel_rotate_method: str = opt("allgather", "context-parallel KV exchange", unsupported=True)
+    expert_parallel_degree: int = opt(1, "expert-parallel ranks (MoE)", unsupported=True)
 
 
 @dataclass
 class Checkpoint:
+    # Checkpointing is not implemented yet: its switches are refused, the rest is inert.
     enable_checkpoint: bool = opt(False, "save DCP checkpoints", unsupported=True)
     folder: str = opt("checkpoint", "under job.dump_folder")
     interval: int = opt(500, "steps between saves", min=1)
     async_mode: str = opt(
-        "disabled", "", choices=["disabled", "async", "async_with_pinned_mem"]
+        "disabled", "how saves overlap training",
+        choices=["disabled", "async", "async_with_pinned_mem"],
     )
-    keep_latest_k: int = opt(10, "0 = keep all", min=0)
-    model_weights_only: bool = opt(False, "")
-    last_save_model_weights_only: bool = opt(False, "")
-    export_dtype: str = opt("float32", "", choices=["float32", "bfloat16", "float16"])
-    load_step: int = opt(-1, "-1 = latest")
-    create_seed_checkpoint: bool = opt(False, "", unsupported=True)
-    exclude_from_loading: list[str] = opt([], "")
-    initial_load_path: str | None = opt(None, "", unsupported=True)
-    initial_load_model_weights_only: bool = opt(True, "")
-    enable_first_step_checkpoint: bool = opt(False, "", unsupported=True)
+    keep_latest_k: int = opt(10, "checkpoints kept; 0 = keep all", min=0)
+    model_weights_only: bool = opt(False, "save the model only")
+    last_save_model_weights_only: bool = opt(False, "final save holds the model only")
+    export_dtype: str = opt("float32", "dtype of a weights-only final save",
+                            choices=["float32", "bfloat16", "float16"])
+    load_step: int = opt(-1, "step to resume from; -1 = latest")
+    create_seed_checkpoint: bool = opt(False, "write step-0 weights and exit", unsupported=True)
+    exclude_from_loading: list[str] = opt([], "state keys not restored on resume")
+    initial_load_path: str | None = opt(None, "checkpoint to start from", unsupported=True)
+    initial_load_model_weights_only: bool = opt(True, "start from model weights only")
+    enable_first_step_checkpoint: bool = opt(False, "save after step 1", unsupported=True)
 
 
 @dataclass
@@ -169,9 +172,10 @@ class ActivationCheckpoint:
 
 @dataclass
 class Float8:
-    enable_fsdp_float8_all_gather: bool = opt(False, "")
-    precompute_float8_dynamic_scale_for_fsdp: bool = opt(False, "")
-    force_recompute_fp8_weight_in_bwd: bool = opt(False, "")
+    # Read when model.converters holds "float8" (not implemented yet).
+    enable_fsdp_float8_all_gather: bool = opt(False, "all-gather weights in float8")
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(False, "one all-reduce for all scales")
+    force_recompute_fp8_weight_in_bwd: bool = opt(False, "recompute float8 weights in backward")
     recipe_name: str | None = opt(
         None, "tensorwise / rowwise / rowwise_with_gw_hp",
         choices=[None, "tensorwise", "rowwise", "rowwise_with_gw_hp"],

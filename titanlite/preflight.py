@@ -93,6 +93,11 @@ def check(job: JobConfig, world_size: int) -> Preflight:
                  local_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
                  device_type=device_type(), async_tp=p.enable_async_tensor_parallel,
                  compile=t.compile)
+    if t.enable_cpu_offload and device_type() != "cuda":
+        raise ConfigError(
+            "[training] enable_cpu_offload moves GPU memory to the host and needs CUDA; "
+            "turn it off on CPU"
+        )
     if t.enable_cpu_offload and not dims.fsdp_enabled:
         raise ConfigError(
             "[training] enable_cpu_offload needs FSDP (data_parallel_shard_degree > 1); "

@@ -46,7 +46,7 @@ class Trainer:
         self.rank = dist.get_rank()
         distributed.check_distinct_devices(self.device)
         self.dims = pre.dims
-        self.mesh = self.dims.build_mesh(self.device.type)
+        self.meshes = self.dims.build_meshes(self.device.type)
         self._log_layout()
         self.seed = distributed.agree_on_seed(t.seed)
         distributed.set_determinism(self.seed, t.deterministic)
@@ -54,8 +54,7 @@ class Trainer:
         if self.rank == 0:
             self._save_resolved_config()
 
-        dp_mesh = self.dims.dp_mesh(self.mesh)
-        self.dp_mesh = dp_mesh
+        dp_mesh = self.dp_mesh = self.meshes.dp
         dp_rank, dp_size = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh else (0, 1)
         tokenizer = Tokenizer(pre.tokenizer_path)
         self.dataloader = build_dataloader(
@@ -77,7 +76,7 @@ class Trainer:
             compile=t.compile, param_dtype=self.param_dtype,
             reduce_dtype=DTYPES[t.mixed_precision_reduce],
             reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload)
-        model = PARALLELIZE_FNS[job.model.name](model, self.dims, self.mesh, opts)
+        model = PARALLELIZE_FNS[job.model.name](model, self.dims, self.meshes, opts)
         init_device = torch.device("cpu") if t.enable_cpu_offload else self.device
         model.to_empty(device=init_device)
         model.init_weights(self.seed, buffer_device=self.device)
@@ -109,7 +108,8 @@ class Trainer:
 
     def _log_layout(self) -> None:
         """The rank -> device -> mesh coordinate map, once, on rank 0."""
-        mine = f"rank {self.rank} -> {self.device} -> {dict(zip(self.mesh.mesh_dim_names, self.mesh.get_coordinate()))}"
+        world = self.meshes.world
+        mine = f"rank {self.rank} -> {self.device} -> {dict(zip(world.mesh_dim_names, world.get_coordinate()))}"
         everyone: list[str] = [""] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if self.rank == 0:

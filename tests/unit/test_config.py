@@ -155,6 +155,8 @@ def _preflight(*argv: str, world_size: int = 1) -> subprocess.CompletedProcess:
     (["--training.dataset_path", "/nonexistent/data"], "/nonexistent/data does not exist"),
     (["--training.dataset", "c4"], "training.dataset = 'c4' is not built in"),
     (["--model.n_heads", "7"], "dim = 256 is not divisible by n_heads = 7"),
+    (["--training.enable_cpu_offload"], "enable_cpu_offload moves GPU memory to the host and needs CUDA"),
+    (["--parallelism.tensor_parallel_degree", "3"], "world size 1 is not divisible"),
 ])
 def test_preflight_exit_code_2_one_line_no_traceback(argv, expected):
     proc = _preflight("--config", str(DEBUG_CONFIG), *argv)
@@ -186,3 +188,9 @@ def test_print_config_roundtrips(tmp_path):
     out.write_text(config.to_toml(cfg))
     again = load("--config", str(out))
     assert again.training == cfg.training and again.model == cfg.model
+
+
+def test_config_reference_doc_is_current():
+    proc = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,65 @@
+"""Write docs/config.md from the config schema, so the reference never drifts from the code.
+
+    python scripts/gen_config_docs.py            # rewrite docs/config.md
+    python scripts/gen_config_docs.py --check    # exit 1 if it is out of date (a test runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from titanlite.config import _default
+from titanlite.config_schema import UNIMPLEMENTED_SECTIONS, JobConfig
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+
+HEADER = """# Configuration reference
+
+Generated from `titanlite/config_schema.py` by `scripts/gen_config_docs.py`; do not edit by hand.
+
+Set keys in a TOML file (`[section]` then `key = value`) or on the command line
+(`--section.key value`, `--section.key=value`, bare `--section.flag` = true, lists
+comma-separated). Precedence: command line > TOML > the defaults below. Names follow
+TorchTitan's TOML schema where the concept is the same. Keys marked *not yet* are accepted only at
+their default (so TorchTitan files load) and refused with a clear error otherwise.
+"""
+
+
+def render() -> str:
+    out = [HEADER]
+    for section in dataclasses.fields(JobConfig):
+        out += [f"\n## [{section.name}]\n", "| key | default | meaning |", "|---|---|---|"]
+        for f in dataclasses.fields(section.default_factory()):
+            meta = dict(f.metadata)
+            note = meta.get("help", "")
+            if meta.get("choices"):
+                note += f" (one of: {', '.join(repr(c) for c in meta['choices'])})"
+            if meta.get("unsupported"):
+                note = (note + " " if note else "") + "*not yet*"
+            out.append(f"| `{f.name}` | `{_default(f)!r}` | {note} |")
+    out.append("\n## Sections accepted only while switched off\n")
+    for name, keys in UNIMPLEMENTED_SECTIONS.items():
+        shown = ", ".join(f"`{k} = {v!r}`" for k, v in keys.items()) or "any content"
+        out.append(f"- `[{name}]`: {shown}")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    text = render()
+    if args.check:
+        if not DOC.exists() or DOC.read_text() != text:
+            print(f"{DOC} is out of date: run python scripts/gen_config_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The README's first command, end to end: ./run_train.sh on the debug model."""
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from helpers import check, read_jsonl, run_script
+
+KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "data_loading_pct"}
+
+
+@pytest.mark.slow
+def test_debug_model_trains_and_logs(tmp_path):
+    proc = check(run_script("run_train.sh", ["--training.steps", "30", "--job.dump_folder", str(tmp_path)]))
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 31))
+    assert KEYS <= set(records[0])
+    assert records[-1]["loss"] <= 0.75 * records[0]["loss"], (records[0]["loss"], records[-1]["loss"])
+    assert all(r["mfu"] is None for r in records)  # CPU: peak unknown, never invented
+    assert all(r["tps"] > 0 and r["grad_norm"] > 0 for r in records)
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == list(range(1, 31))
+    assert losses[-1].value == pytest.approx(records[-1]["loss"], rel=1e-6)
+    assert (tmp_path / "config.toml").read_text().count("steps = 30") == 1
+    assert "step     30" in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_two_ranks_log_only_rank0_by_default(tmp_path):
+    proc = check(run_script("run_train.sh", ["--training.steps", "2", "--job.dump_folder", str(tmp_path),
+                                             "--metrics.enable_tensorboard", "false"], NGPU="2"))
+    out = proc.stdout + proc.stderr
+    assert "[rank0]" in out and "[rank1]" not in out
+    assert "dp_shard=2" in out
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
