@@ -6,7 +6,17 @@ from __future__ import annotations
 from torch import nn
 
 
-def apply_compile(blocks: list[nn.Module]) -> None:
+def apply_compile(blocks: list[nn.Module], graphs_hold_collectives: bool) -> None:
+    if graphs_hold_collectives:
+        # With tensor parallel the graphs contain collectives that name their process group,
+        # and torch 2.13's on-disk graph caches do not key on that name: a graph cached by a run
+        # with another layout (or group creation order) fails with "Could not resolve the
+        # process group registered under the name N". Seen here; recompiling is the safe price.
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fx_graph_cache = False
+        functorch_config.enable_autograd_cache = False
     # Module.compile() compiles in place, so parameter names (and checkpoints) stay unchanged.
     for block in blocks:
         block.compile(fullgraph=True)

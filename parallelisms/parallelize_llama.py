@@ -48,7 +48,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, meshes: Meshes,
             model.layers.register_module(name, block)
 
     if opts.compile:
-        apply_compile(list(model.layers.values()))
+        apply_compile(list(model.layers.values()), graphs_hold_collectives=dims.tp_enabled)
 
     if dims.fsdp_enabled:
         apply_fsdp(model, list(model.layers.values()), meshes.fsdp,

@@ -41,15 +41,15 @@ MODEL_100M = ["--model.dim", "768", "--model.n_layers", "14", "--model.n_heads",
 # Steps per round are sized so that a round lasts seconds, not milliseconds: long enough that
 # timer resolution and one-off hiccups do not matter, short enough that rounds interleave.
 WORKLOADS: dict[str, tuple[list[str], int, str]] = {
-    "debug": ([], 20, "debug_model.toml as is: debugmodel, seq 256, batch 8"),
+    "debug": ([], 5, "debug_model.toml as is: debugmodel, seq 256, batch 8"),
     "torchtitan_debug": (
         ["--training.seq_len", "2048", "--training.local_batch_size", "8",
          "--training.mixed_precision_param", "float32", "--activation_checkpoint.mode", "none",
          "--optimizer.name", "AdamW", "--optimizer.implementation", "fused",
          "--optimizer.lr", "8e-4"],
-        2, "TorchTitan's debug run, CPU-sized: debugmodel, seq 2048, batch 8, fp32, no AC"),
-    "100m": (MODEL_100M + ["--training.seq_len", "512", "--training.local_batch_size", "2"],
-             2, "dim 768, 14 layers, 12 heads, vocab 512: seq 512, batch 2"),
+        1, "TorchTitan's debug run, CPU-sized: debugmodel, seq 2048, batch 8, fp32, no AC"),
+    "100m": (MODEL_100M + ["--training.seq_len", "256", "--training.local_batch_size", "2"],
+             2, "dim 768, 14 layers, 12 heads, vocab 512: seq 256, batch 2"),
 }
 
 
@@ -115,15 +115,16 @@ def run_one(name: str, steps: int, rounds: int, warmup: int, threads: int) -> di
                 loss, _grad_norm, _lr = trainer.train_step(trainer.next_microbatches(data_iter))
                 return loss
 
-            def timed(step_fn, n: int) -> float:
+            def timed(step_fn, n: int) -> tuple[float, float]:
+                """(wall seconds, process CPU seconds) for n steps."""
                 gc.collect()
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 loss = None
                 for i in range(n):
                     loss = step_fn(i)
                 # Reading a value waits for the device; on CPU it is already done.
                 loss.item()
-                return time.perf_counter() - start
+                return time.perf_counter() - start, time.process_time() - cpu
 
             print(f"[{name}] {what}; {n_params:,} parameters, {tokens_per_step:,} tokens/step, "
                   f"torch {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
@@ -131,19 +132,23 @@ def run_one(name: str, steps: int, rounds: int, warmup: int, threads: int) -> di
             # Trainer.train() runs with the cyclic GC off; do the same for both sides so a
             # collection never lands inside one side's round only.
             gc.disable()
-            w_titan, w_bare = timed(titan_step, warmup), timed(bare_step, warmup)
+            (w_titan, _), (w_bare, _) = timed(titan_step, warmup), timed(bare_step, warmup)
             print(f"[{name}] warm-up {warmup} steps: titanlite {w_titan:.2f}s, bare {w_bare:.2f}s",
                   flush=True)
-            titan_tps, bare_tps, data_s = [], [], []
+            titan_tps, bare_tps, data_s, cpu_util = [], [], [], []
             for r in range(rounds):
                 d0 = trainer.metrics.data_time
-                s = timed(titan_step, steps)
+                wall_t, cpu_t = timed(titan_step, steps)
                 data_s.append((trainer.metrics.data_time - d0) / steps)
-                titan_tps.append(steps * tokens_per_step / s)
-                s = timed(bare_step, steps)
-                bare_tps.append(steps * tokens_per_step / s)
+                titan_tps.append(steps * tokens_per_step / wall_t)
+                wall_b, cpu_b = timed(bare_step, steps)
+                bare_tps.append(steps * tokens_per_step / wall_b)
+                # CPU seconds per wall second per thread: well below 1 means another process
+                # took the cores during the round, so that round's figure is noise, not code.
+                cpu_util.append((cpu_t / wall_t / threads, cpu_b / wall_b / threads))
                 print(f"[{name}] round {r + 1}/{rounds}: titanlite {titan_tps[-1]:,.0f} tok/s "
-                      f"(data {1e3 * data_s[-1]:.1f} ms/step), bare {bare_tps[-1]:,.0f} tok/s, "
+                      f"(data {1e3 * data_s[-1]:.1f} ms/step, cpu {cpu_util[-1][0]:.2f}), "
+                      f"bare {bare_tps[-1]:,.0f} tok/s (cpu {cpu_util[-1][1]:.2f}), "
                       f"ratio {titan_tps[-1] / bare_tps[-1]:.3f}", flush=True)
             gc.enable()
         finally:
@@ -156,6 +161,7 @@ def run_one(name: str, steps: int, rounds: int, warmup: int, threads: int) -> di
         "steps_per_round": steps, "rounds": rounds, "warmup_steps": warmup,
         "titanlite_tps_rounds": titan_tps, "bare_tps_rounds": bare_tps,
         "titanlite_data_ms_per_step_rounds": [1e3 * x for x in data_s],
+        "cpu_utilization_rounds": cpu_util,
         "titanlite_tps": med_t, "bare_tps": med_b, "ratio": med_t / med_b,
         "ratio_paired_median": statistics.median(a / b for a, b in zip(titan_tps, bare_tps)),
     }

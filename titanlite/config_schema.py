@@ -143,8 +143,7 @@ class Parallelism:
 
 @dataclass
 class Checkpoint:
-    # Checkpointing is not implemented yet: its switches are refused, the rest is inert.
-    enable_checkpoint: bool = opt(False, "save DCP checkpoints", unsupported=True)
+    enable_checkpoint: bool = opt(False, "save DCP checkpoints (and resume from the latest)")
     folder: str = opt("checkpoint", "under job.dump_folder")
     interval: int = opt(500, "steps between saves", min=1)
     async_mode: str = opt(
@@ -157,11 +156,12 @@ class Checkpoint:
     export_dtype: str = opt("float32", "dtype of a weights-only final save",
                             choices=["float32", "bfloat16", "float16"])
     load_step: int = opt(-1, "step to resume from; -1 = latest")
-    create_seed_checkpoint: bool = opt(False, "write step-0 weights and exit", unsupported=True)
+    create_seed_checkpoint: bool = opt(False, "write step-0 model weights (1 process) and exit")
     exclude_from_loading: list[str] = opt([], "state keys not restored on resume")
-    initial_load_path: str | None = opt(None, "checkpoint to start from", unsupported=True)
+    initial_load_path: str | None = opt(None, "checkpoint to start from when the folder has none")
     initial_load_model_weights_only: bool = opt(True, "start from model weights only")
-    enable_first_step_checkpoint: bool = opt(False, "save after step 1", unsupported=True)
+    enable_first_step_checkpoint: bool = opt(False, "also save after step 1")
+    overwrite: bool = opt(False, "allow replacing an existing step-N written by another run")
 
 
 @dataclass

@@ -48,8 +48,9 @@ class MetricsLogger:
     """Collects per-step figures and writes them every `log_freq` steps (rank 0 writes files)."""
 
     def __init__(self, cfg: Metrics, dump_folder: Path, device: torch.device, write_files: bool,
-                 flops_per_token: int, tokens_per_step_per_device: float, total_steps: int):
-        self.cfg, self.device = cfg, device
+                 flops_per_token: int, tokens_per_step_per_device: float, total_steps: int,
+                 start_step: int = 0):
+        self.cfg, self.device, self.start_step = cfg, device, start_step
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
         self.tokens_per_step = tokens_per_step_per_device
         self.peak = peak_flops(device, cfg.peak_flops)
@@ -71,7 +72,8 @@ class MetricsLogger:
         self.data_time += seconds
 
     def should_log(self, step: int) -> bool:
-        return step == 1 or step % self.cfg.log_freq == 0 or step == self.total_steps
+        first = step == self.start_step + 1
+        return first or step % self.cfg.log_freq == 0 or step == self.total_steps
 
     def count_step(self) -> None:
         self.window_steps += 1
@@ -87,7 +89,7 @@ class MetricsLogger:
             "memory_gib": memory_gib(self.device), "data_loading_pct": 100 * self.data_time / elapsed,
             "elapsed_s": now - self.start,
         }
-        eta = (now - self.start) / step * (self.total_steps - step)
+        eta = (now - self.start) / max(1, step - self.start_step) * (self.total_steps - step)
         self._write(record, eta)
         self._reset(now)
         return record

@@ -103,6 +103,11 @@ def check(job: JobConfig, world_size: int) -> Preflight:
             "[training] enable_cpu_offload needs FSDP (data_parallel_shard_degree > 1); "
             "turn it off for this layout"
         )
+    if job.checkpoint.create_seed_checkpoint and world_size != 1:
+        raise ConfigError(
+            "[checkpoint] create_seed_checkpoint runs in one process (NGPU=1); every layout can "
+            "then start from it"
+        )
     per_step = t.local_batch_size * dims.dp_size
     accum = 1 if t.global_batch_size == -1 else t.global_batch_size // per_step
     files = list_files(resolve_dataset_path(t.dataset, t.dataset_path))
@@ -114,9 +119,11 @@ def check(job: JobConfig, world_size: int) -> Preflight:
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean "the user asked for something impossible", not a bug."""
     from parallelisms import LayoutError
+    from titanlite.checkpoint_storage import CheckpointError
     from titanlite.data import DatasetError, TokenizerError
 
-    return (ConfigError, LayoutError, DatasetError, TokenizerError, EnvironmentProblem)
+    return (ConfigError, LayoutError, DatasetError, TokenizerError, CheckpointError,
+            EnvironmentProblem)
 
 
 def run(argv: list[str], world_size: int) -> tuple[JobConfig, Preflight]:

@@ -23,6 +23,7 @@ from models import MODELS
 from parallelisms import PARALLELIZE_FNS, ParallelizeOptions, loss_context
 from titanlite import config as config_lib
 from titanlite import distributed, preflight
+from titanlite.checkpoint import CheckpointManager, config_hash
 from titanlite.config_schema import JobConfig
 from titanlite.data import Tokenizer, build_dataloader
 from titanlite.logging import init_logger, logger
@@ -31,6 +32,20 @@ from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from titanlite.profiling import maybe_profile
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TrainState:
+    """What the loop itself must carry across a resume."""
+
+    def __init__(self) -> None:
+        self.step, self.tokens_seen, self.elapsed_s = 0, 0, 0.0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "elapsed_s": self.elapsed_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        self.elapsed_s = float(state["elapsed_s"])
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -94,12 +109,19 @@ class Trainer:
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
         self.params = [q for q in model.parameters() if q.requires_grad]
-        self.step = 0
+        self.train_state = TrainState()
+        self.checkpointer = CheckpointManager(
+            job.checkpoint, self.dump_folder, model=model, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, dataloader=self.dataloader,
+            train_state=self.train_state, config_hash=config_hash(config_lib.to_toml(job)),
+            total_steps=t.steps)
+        if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
+            logger.info(f"resuming at step {self.train_state.step}")
         tokens_per_device = t.local_batch_size * t.seq_len * self.grad_accum_steps / self.dims.tp
         self.metrics = MetricsLogger(
             job.metrics, self.dump_folder, self.device, write_files=self.rank == 0,
             flops_per_token=self.flops_per_token, tokens_per_step_per_device=tokens_per_device,
-            total_steps=t.steps)
+            total_steps=t.steps, start_step=self.train_state.step)
         logger.info(
             f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "
             f"micro-batch, {self.grad_accum_steps} micro-batch(es) per step, data-parallel degree "
@@ -164,31 +186,43 @@ class Trainer:
             value /= self.dp_mesh.size()
         return value.item()
 
+    def save_seed_checkpoint(self) -> None:
+        self.checkpointer.save(0, weights_only=True)
+        logger.info(f"seed checkpoint written to {self.checkpointer.folder / 'step-0'}")
+
     def train(self) -> list[dict]:
-        t = self.job.training
+        t, state = self.job.training, self.train_state
         gc.disable()
         gc.collect()
         data_iter = iter(self.dataloader)
         distributed.set_timeout(self.job.comm.train_timeout_seconds)
+        tokens_per_step = t.local_batch_size * t.seq_len * self.grad_accum_steps * self.dims.dp_size
         records = []
         with maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler:
-            while self.step < t.steps:
-                self.step += 1
-                if self.step % t.gc_freq == 0:
+            while state.step < t.steps:
+                step_start = time.perf_counter()
+                state.step += 1
+                if state.step % t.gc_freq == 0:
                     gc.collect(1)
                 microbatches = self.next_microbatches(data_iter)
                 loss, grad_norm, lr = self.train_step(microbatches)
+                state.tokens_seen += tokens_per_step
                 self.metrics.count_step()
                 # Reading the loss syncs with the device: only on the steps that log it.
-                if self.metrics.should_log(self.step):
+                if self.metrics.should_log(state.step):
                     records.append(self.metrics.log(
-                        self.step, self.global_mean(loss), grad_norm.item(), lr))
+                        state.step, self.global_mean(loss), grad_norm.item(), lr))
+                state.elapsed_s += time.perf_counter() - step_start
+                if self.checkpointer.should_save(state.step):
+                    self.checkpointer.save(state.step)
                 if profiler is not None:
                     profiler.step()
-        logger.info(f"training done: {self.step} steps")
+        self.checkpointer.wait()
+        logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
         return records
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.metrics.close()
         gc.enable()
         if dist.is_initialized():
@@ -205,9 +239,16 @@ def main(argv: list[str]) -> int:
     if job.job.print_config or job.job.print_args:
         if os.environ.get("RANK", "0") == "0":
             print(config_lib.to_toml(job))
-    trainer = Trainer(job, pre)
     try:
-        trainer.train()
+        trainer = Trainer(job, pre)
+    except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
+        print(f"titanlite: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if job.checkpoint.create_seed_checkpoint:
+            trainer.save_seed_checkpoint()
+        else:
+            trainer.train()
     finally:
         trainer.close()
     return 0

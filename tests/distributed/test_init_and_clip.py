@@ -1,8 +1,8 @@
 """Initialization and gradient clipping on sharded parameters, on real gloo process groups."""
 
 import torch
-
 from helpers import spawn
+
 from models.llama import FLAVORS, Transformer
 from parallelisms import ParallelDims, ParallelizeOptions, parallelize_llama
 from titanlite.optim import clip_grad_norm_

@@ -4,7 +4,6 @@ batch (8 sequences), 10 steps under torchrun on gloo; every step's loss and the 
 
 import pytest
 import torch
-
 from helpers import DEBUG_CONFIG, check, torchrun
 
 STEPS = 10

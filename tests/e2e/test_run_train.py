@@ -1,9 +1,8 @@
 """The README's first command, end to end: ./run_train.sh on the debug model."""
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from helpers import check, read_jsonl, run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "data_loading_pct"}
 

@@ -157,6 +157,8 @@ class PackedTextDataset(IterableDataset):
                 yield t[:-1], t[1:]
 
     def state_dict(self) -> dict[str, Any]:
+        # Plain data only (a list, not a tensor): its length varies, and DCP loads tensors in
+        # place into a template of the saved size, which a fresh loader cannot provide.
         return {"epoch": self.epoch, "file_idx": self.file_idx, "record_idx": self.record_idx,
                 "buffer": list(self.buffer), "window_idx": self.window_idx,
                 "skipped": self.skipped.count}

@@ -1,0 +1,320 @@
+"""Checkpoints with torch Distributed Checkpoint: async saves, exact resume, resharding on load.
+
+A checkpoint holds the model, the optimizer, the LR scheduler, the data loader, the train state
+and the RNG state. Sharded (DTensor) state is saved by every rank in parallel through DCP's
+state-dict helpers, so a checkpoint saved on one layout loads on any other. Data-loader state is
+the same on every rank (each rank reads the same global token stream), so it too survives a
+change of data-parallel degree.
+
+    python -m titanlite.checkpoint verify PATH     # check a checkpoint against its manifest
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+from titanlite.checkpoint_storage import (
+    CheckpointError,
+    ChecksummingWriter,
+    SafeLoadPlanner,
+    complete_steps,
+    partial_dir,
+    read_manifest,
+    step_dir,
+    verify,
+    write_manifest,
+)
+from titanlite.config_schema import Checkpoint
+from titanlite.logging import logger
+
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
+
+
+class ModelState(Stateful):
+    def __init__(self, model: nn.Module, export_dtype: torch.dtype | None = None):
+        self.model, self.export_dtype = model, export_dtype
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = get_model_state_dict(self.model)
+        if self.export_dtype is not None:
+            sd = {k: v.to(self.export_dtype) for k, v in sd.items()}
+        return sd
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state, options=StateDictOptions(strict=True))
+
+
+class OptimizerState(Stateful):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state)
+
+
+class RNGState(Stateful):
+    """Every rank seeds alike, so rank 0's generator state stands for all (DCP dedups it)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+class CheckpointManager:
+    def __init__(self, cfg: Checkpoint, dump_folder: Path, *, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, lr_scheduler: Any, dataloader: Any,
+                 train_state: Stateful, config_hash: str, total_steps: int):
+        self.cfg, self.total_steps, self.config_hash = cfg, total_steps, config_hash
+        self.folder = Path(dump_folder) / cfg.folder
+        self.model = model
+        self.states: dict[str, Any] = {
+            "model": ModelState(model), "optimizer": OptimizerState(model, optimizer),
+            "lr_scheduler": lr_scheduler, "dataloader": dataloader, "train_state": train_state,
+            "rng": RNGState(),
+        }
+        self.enabled = cfg.enable_checkpoint or cfg.create_seed_checkpoint
+        self.rank = dist.get_rank()
+        # A group of its own: background saves must not interleave collectives with training.
+        self.pg = dist.new_group(backend="gloo") if self.enabled else None
+        self.async_mode = cfg.async_mode
+        if cfg.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
+            logger.warning("checkpoint.async_mode = async_with_pinned_mem needs CUDA: using 'async'")
+            self.async_mode = "async"
+        self.stager = None
+        if self.async_mode == "async_with_pinned_mem":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            # Reused across saves: the pinned host buffers are allocated once.
+            self.stager = DefaultStager(StagingOptions(True, False, False, True))
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt") if self.async_mode != "disabled" else None
+        self.pending: Future | None = None
+        self.resumed_from: int | None = None
+        self.last_blocking_s = 0.0
+
+    # ----------------------------------------------------------------------------------------
+    # loading
+
+    def load(self) -> bool:
+        """Resume from the configured checkpoint if there is one; True if something was loaded."""
+        if not self.enabled:
+            return False
+        steps = complete_steps(self.folder)
+        if self.cfg.load_step >= 0:
+            if self.cfg.load_step not in steps:
+                raise CheckpointError(
+                    f"checkpoint.load_step = {self.cfg.load_step}: {step_dir(self.folder, self.cfg.load_step)} "
+                    f"is not a complete checkpoint (complete: {steps or 'none'})")
+            step = self.cfg.load_step
+        elif steps:
+            step = steps[-1]
+        elif self.cfg.initial_load_path:
+            self._load(Path(self.cfg.initial_load_path),
+                       ["model"] if self.cfg.initial_load_model_weights_only else list(KEYS))
+            return True
+        else:
+            return False
+        newer = [s for s in steps if s > step]
+        if newer and not self.cfg.overwrite:
+            raise CheckpointError(
+                f"{self.folder} holds step-{newer[-1]}, newer than step-{step} which this run "
+                "resumes from; later saves would overwrite it. Use another checkpoint.folder, "
+                "remove it, or pass --checkpoint.overwrite")
+        path = step_dir(self.folder, step)
+        manifest = read_manifest(path)
+        keys = [k for k in manifest.get("keys", KEYS) if k not in self.cfg.exclude_from_loading]
+        self._load(path, keys)
+        self.resumed_from = step
+        return True
+
+    def _load(self, path: Path, keys: list[str]) -> None:
+        self._check_files(path)
+        self._check_shapes(path)
+        start = time.perf_counter()
+        dcp.load({k: self.states[k] for k in keys}, checkpoint_id=str(path),
+                 planner=SafeLoadPlanner(), process_group=self.pg)
+        logger.info(f"loaded {', '.join(keys)} from {path} in {time.perf_counter() - start:.1f}s")
+
+    def _check_files(self, path: Path) -> None:
+        """Each rank checksums a share of the files; all agree before anything is read."""
+        manifest = read_manifest(path)
+        world = dist.get_world_size()
+        mine = [n for i, n in enumerate(sorted(manifest["files"])) if i % world == self.rank]
+        problems = verify(path, files=mine)
+        everyone: list[list[str]] = [[] for _ in range(world)]
+        dist.all_gather_object(everyone, problems, group=self.pg)
+        found = sorted({p for ps in everyone for p in ps})
+        if found:
+            raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
+
+    def _check_shapes(self, path: Path) -> None:
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        for key, value in get_model_state_dict(self.model).items():
+            meta = saved.get(f"model.{key}")
+            if meta is None:
+                raise CheckpointError(f"checkpoint {path} has no model key '{key}'")
+            if tuple(meta.size) != tuple(value.shape):
+                raise CheckpointError(
+                    f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the "
+                    f"model (as configured) has {tuple(value.shape)}")
+
+    # ----------------------------------------------------------------------------------------
+    # saving
+
+    def should_save(self, step: int) -> bool:
+        if not self.cfg.enable_checkpoint:
+            return False
+        first = step == 1 and self.cfg.enable_first_step_checkpoint
+        return first or step % self.cfg.interval == 0 or step == self.total_steps
+
+    def save(self, step: int, *, force_sync: bool = False, weights_only: bool = False) -> None:
+        """Save at `step`; async modes return once the state is staged in host memory."""
+        last = step == self.total_steps
+        weights_only = weights_only or self.cfg.model_weights_only or (
+            last and self.cfg.last_save_model_weights_only)
+        if weights_only:
+            dtype = EXPORT_DTYPES[self.cfg.export_dtype] if last else None
+            states: dict[str, Any] = {"model": ModelState(self.model, dtype)}
+        else:
+            states = self.states
+        self.wait()  # the next save waits for the previous one
+        start = time.perf_counter()
+        final, partial = step_dir(self.folder, step), partial_dir(self.folder, step)
+        if final.exists() and not self.cfg.overwrite and self.resumed_from != step:
+            raise CheckpointError(
+                f"{final} already exists (another run?); refusing to overwrite it. Use another "
+                "checkpoint.folder or pass --checkpoint.overwrite")
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        dist.barrier(group=self.pg)
+        state_dict = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in states.items()}
+        info = {"step": step, "keys": list(states), "config_hash": self.config_hash,
+                "torch_version": torch.__version__, "titanlite_version": _version(),
+                "world_size": dist.get_world_size(), "saved_at": time.time()}
+        if self.executor is None or force_sync:
+            self._write(state_dict, partial, final, info)
+        else:
+            staged = self._stage(state_dict)
+            self.pending = self.executor.submit(self._write, staged, partial, final, info)
+        self.last_blocking_s = time.perf_counter() - start
+        logger.info(f"checkpoint step-{step}: training blocked {self.last_blocking_s:.2f}s "
+                    f"({'async' if self.pending else 'sync'})")
+
+    def _stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Copy the state off the training tensors (to host memory), so training can go on."""
+        if self.stager is not None:
+            return self.stager.stage(state_dict)
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict))
+
+    def _write(self, state_dict: dict[str, Any], partial: Path, final: Path, info: dict[str, Any]) -> None:
+        writer = ChecksummingWriter(partial)
+        dcp.save(state_dict, storage_writer=writer, process_group=self.pg)
+        records: list[dict] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(records, writer.records, group=self.pg)
+        if self.rank == 0:
+            # DCP writes .metadata under a temporary name first; record the final file instead.
+            merged = {name: rec for r in records for name, rec in r.items() if not name.endswith(".tmp")}
+            merged[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
+                                   "crc32": _file_crc(partial / ".metadata")}
+            write_manifest(partial, merged, info)
+            if final.exists():  # only reachable with checkpoint.overwrite or re-saving a resumed step
+                shutil.rmtree(final)
+            partial.rename(final)
+            self._purge()
+        dist.barrier(group=self.pg)
+
+    def _purge(self) -> None:
+        k = self.cfg.keep_latest_k
+        if k <= 0:
+            return
+        old = complete_steps(self.folder)[:-k]
+        # Off the training thread; the newest complete checkpoint is never among them.
+        threading.Thread(target=lambda: [shutil.rmtree(step_dir(self.folder, s), ignore_errors=True)
+                                         for s in old], daemon=True).start()
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def close(self) -> None:
+        self.wait()
+        if self.executor is not None:
+            self.executor.shutdown()
+        if self.stager is not None:
+            self.stager.close()
+
+
+def _file_crc(path: Path) -> int:
+    import zlib
+
+    return zlib.crc32(path.read_bytes())
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("titanlite")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def config_hash(config_toml: str) -> str:
+    return hashlib.sha256(config_toml.encode()).hexdigest()[:16]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "verify":
+        print("usage: python -m titanlite.checkpoint verify PATH", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
+    problems = verify(path)
+    if problems:
+        print(f"{path}: {len(problems)} problem(s)")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    manifest = read_manifest(path)
+    total = sum(r["size"] for r in manifest["files"].values())
+    print(f"{path}: OK (step {manifest['step']}, {len(manifest['files'])} files, {total / 2**20:.1f} MiB, "
+          f"keys {', '.join(manifest['keys'])}, torch {manifest['torch_version']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

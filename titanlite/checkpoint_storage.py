@@ -1,0 +1,210 @@
+"""On-disk side of checkpoints: a DCP writer that checksums files as it writes them, a loader
+that never unpickles code, the manifest, and verification.
+
+A checkpoint folder `step-N/` is complete when it exists under that name: it is written as
+`.step-N.partial/` and renamed only after every rank's files, DCP's `.metadata` and the
+manifest are on disk. Anything else in the checkpoint folder is ignored by resume.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import ReadItem
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_CHUNK = 1 << 22
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the path and what is wrong."""
+
+
+def step_dir(folder: Path, step: int) -> Path:
+    return folder / f"step-{step}"
+
+
+def partial_dir(folder: Path, step: int) -> Path:
+    return folder / f".step-{step}.partial"
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps of the complete checkpoints in `folder`, oldest first."""
+    if not folder.is_dir():
+        return []
+    steps = []
+    for p in folder.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir() and (p / MANIFEST).is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+class _ChecksummingStream:
+    """Forwards writes to a file, keeping its size and CRC32 so the manifest costs no re-read.
+    (Not an io.IOBase subclass: those define tell/seek themselves instead of forwarding.)"""
+
+    def __init__(self, inner: io.IOBase):
+        self.inner, self.size, self.crc = inner, 0, 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += len(view)
+        return self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno (fsync), ...
+        return getattr(self.inner, name)
+
+
+class _ChecksummingFileSystem(FileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def create_stream(self, path: str | Path, mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as stream:
+            wrapped = _ChecksummingStream(stream)
+            yield wrapped  # type: ignore[misc]
+        with self._lock:
+            self.records[Path(path).name] = {"size": wrapped.size, "crc32": wrapped.crc}
+
+
+class ChecksummingWriter(FileSystemWriter):
+    """FileSystemWriter that records (size, crc32) of every file it writes, per rank."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        self.fs = _ChecksummingFileSystem()
+        self.path = self.fs.init_path(path)
+
+    @property
+    def records(self) -> dict[str, dict[str, int]]:
+        return self.fs.records
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner unpickles non-tensor entries with weights_only=False; this one only
+    accepts plain data, so loading a checkpoint can never run code from it."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def write_manifest(path: Path, records: dict[str, dict[str, int]], info: dict[str, Any]) -> None:
+    manifest = {**info, "files": dict(sorted(records.items()))}
+    tmp = path / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.rename(path / MANIFEST)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    mf = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not mf.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it is incomplete (the save "
+                              "did not finish) or not a titanlite checkpoint")
+    try:
+        return json.loads(mf.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupted ({e})") from None
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def verify(path: Path, files: list[str] | None = None, checksums: bool = True) -> list[str]:
+    """Problems with the checkpoint at `path` (empty if none). `files` limits the checksum pass
+    to a subset, so that ranks can share the work."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as e:
+        return [str(e)]
+    problems = []
+    if not (path / ".metadata").is_file():
+        problems.append(f"{path}/.metadata is missing")
+    for name, rec in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            problems.append(f"{f} is missing")
+        elif f.stat().st_size != rec["size"]:
+            problems.append(f"{f} is {f.stat().st_size} bytes, the manifest says {rec['size']} (truncated?)")
+        elif checksums and (files is None or name in files) and _crc32(f) != rec["crc32"]:
+            problems.append(f"{f} is corrupted (CRC32 differs from the manifest)")
+    return problems
+
+
+class _SafeEmptyLoadPlanner(DefaultLoadPlanner):
+    """Loads everything a checkpoint holds (no template), plain data only, in one process."""
+
+    def __init__(self) -> None:
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+        super().__init__()
+        self._empty = _EmptyStateDictLoadPlanner()
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
+        self._empty.set_up_planner(state_dict, metadata, is_coordinator)
+        self.__dict__.update({k: v for k, v in self._empty.__dict__.items() if k != "_empty"})
+
+    load_bytes = SafeLoadPlanner.load_bytes
+
+
+def load_full_state_dict(path: Path, keys: list[str] | None = None) -> dict[str, Any]:
+    """A whole checkpoint (or its `keys`) as full tensors in this process, from any layout."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    problems = verify(path, checksums=False)
+    if problems:
+        raise CheckpointError("; ".join(problems[:3]))
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=FileSystemReader(str(path)), planner=_SafeEmptyLoadPlanner(),
+                     no_dist=True)
+    return {k: v for k, v in sd.items() if keys is None or k in keys}
+
+
+def save_full_state_dict(sd: dict[str, Any], path: Path, info: dict[str, Any]) -> None:
+    """Write full tensors as a complete titanlite checkpoint (manifest included) from one process."""
+    import torch.distributed.checkpoint as dcp
+
+    if path.exists():
+        raise CheckpointError(f"{path} already exists; refusing to overwrite it")
+    partial = path.with_name(f".{path.name}.partial")
+    writer = ChecksummingWriter(partial)
+    dcp.save(sd, storage_writer=writer, no_dist=True)
+    records = {n: r for n, r in writer.records.items() if not n.endswith(".tmp")}
+    records[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
+                            "crc32": _crc32(partial / ".metadata")}
+    write_manifest(partial, records, {**info, "keys": sorted(sd)})
+    partial.rename(path)
