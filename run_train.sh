@@ -5,6 +5,8 @@
 #   NGPU      processes per node (default: number of visible CUDA GPUs, else 1)
 #   LOG_RANK  comma-separated ranks whose output is shown (default 0)
 #   CONFIG    config file when --config is not given (default train_configs/debug_model.toml)
+# --dry-run [--dry-run.world_size N] [--dry-run.device_memory_gib 80]: plan without training
+#   (world size default: NGPU x NNODES); see docs/dry_run.md
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/ensure_installed.sh
@@ -25,6 +27,13 @@ done
 if [[ ! -e "$config" && "$config" != */* && -e "train_configs/$config" ]]; then
     config="train_configs/$config"
 fi
+
+# --dry-run: plan the launch (layout, memory, FLOPs) in one process with a fake process group.
+for a in ${args[@]+"${args[@]}"}; do
+    if [[ "$a" == "--dry-run" ]]; then
+        exec "$PYTHON" -m titanlite.dry_run --config "$config" "${args[@]}"
+    fi
+done
 
 if [[ -z "${NGPU:-}" ]]; then
     # Counted without importing torch (seconds saved on every launch).

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import DEBUG_TOML, MODEL_100M  # noqa: E402  (the same ~100M model as there)
 
 # layout name -> (world size, tensor-parallel degree); data_parallel_shard_degree is what is left.
-LAYOUTS: dict[str, tuple[int, int]] = {"fsdp1": (1, 1), "fsdp2": (2, 1), "fsdp4": (4, 1), "tp2": (2, 2)}
+LAYOUTS: dict[str, tuple[int, int]] = {
+    "fsdp1": (1, 1), "fsdp2": (2, 1), "fsdp4": (4, 1), "tp2": (2, 2)}
 MIB = 2**20
 
 
@@ -98,7 +99,8 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
         "params": sum(local_bytes(p) for p in params),
         "grads": sum(local_bytes(g) for g in grads),
         # exp_avg, exp_avg_sq and step, whatever the optimizer keeps per parameter.
-        "optimizer": sum(local_bytes(v) for state in optimizer.state.values() for v in state.values()),
+        "optimizer": sum(local_bytes(v) for state in optimizer.state.values()
+                         for v in state.values()),
         "n_params": MODELS[job.model.name].num_params(pre.model_args),
     }
 
@@ -166,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"layout": name, "ranks": world, "tp": tp, "n_params": worst["n_params"],
                      "params_bytes": worst["params"], "grads_bytes": worst["grads"],
                      "optimizer_bytes": worst["optimizer"], "total_bytes": total,
-                     "per_rank_total_bytes": [r["params"] + r["grads"] + r["optimizer"] for r in per_rank]})
+                     "per_rank_total_bytes": [r["params"] + r["grads"] + r["optimizer"]
+                                              for r in per_rank]})
         print(f"{name}: {world} rank(s), worst rank {total / MIB:.1f} MiB", flush=True)
     base = rows[0]["total_bytes"]
     print(f"\nmodel: {rows[0]['n_params']:,} parameters (fp32, AdamW fused)\n")
@@ -178,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         r["bound"] = 1 / r["ranks"] + 0.05
         r["ok"] = r["fraction"] <= r["bound"]
         label = f"TP {r['tp']}" if r["tp"] > 1 else f"FSDP {r['ranks']}"
-        print(f"| {label} | {r['ranks']} | {r['params_bytes'] / MIB:.1f} | {r['grads_bytes'] / MIB:.1f} | "
-              f"{r['optimizer_bytes'] / MIB:.1f} | {r['total_bytes'] / MIB:.1f} | {r['fraction']:.4f} | "
+        print(f"| {label} | {r['ranks']} | {r['params_bytes'] / MIB:.1f} | "
+              f"{r['grads_bytes'] / MIB:.1f} | {r['optimizer_bytes'] / MIB:.1f} | "
+              f"{r['total_bytes'] / MIB:.1f} | {r['fraction']:.4f} | "
               f"{r['bound']:.2f} | {'yes' if r['ok'] else 'NO'} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

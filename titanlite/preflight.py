@@ -59,8 +59,13 @@ def check_environment(job: JobConfig) -> None:
             ) from None
 
 
-def check(job: JobConfig, world_size: int) -> Preflight:
-    """Raise ConfigError (or a subclass of ValueError / EnvironmentProblem) on the first problem."""
+def check(job: JobConfig, world_size: int, device: str | None = None,
+          vocab_size: int | None = None) -> Preflight:
+    """Raise ConfigError (or a subclass of ValueError / EnvironmentProblem) on the first problem.
+
+    A dry run plans for a cluster from a laptop: `device` overrides the local device type, and a
+    given `vocab_size` stands in for the tokenizer; then the tokenizer and dataset paths, which
+    live on the cluster, are not checked."""
     check_environment(job)
     from models import MODELS
     from parallelisms import ParallelDims, check_layout
@@ -73,8 +78,12 @@ def check(job: JobConfig, world_size: int) -> Preflight:
             f"[model] flavor = {job.model.flavor!r}: unknown for {job.model.name}; "
             f"expected one of {', '.join(spec.flavors)}"
         )
-    tokenizer_path = resolve_tokenizer_path(job.model.tokenizer_path)
-    vocab_size = Tokenizer(tokenizer_path).vocab_size
+    planning = vocab_size is not None
+    if not planning:
+        tokenizer_path = resolve_tokenizer_path(job.model.tokenizer_path)
+        vocab_size = Tokenizer(tokenizer_path).vocab_size
+    else:  # a dry run planning for files that live on the cluster
+        tokenizer_path = Path(job.model.tokenizer_path)
     m = job.model
     args = spec.flavors[m.flavor].with_overrides(
         vocab_size=vocab_size, max_seq_len=job.training.seq_len, dim=m.dim, n_layers=m.n_layers,
@@ -91,9 +100,9 @@ def check(job: JobConfig, world_size: int) -> Preflight:
                                 p.tensor_parallel_degree, world_size)
     check_layout(dims, n_heads=args.n_heads, n_kv_heads=args.kv_heads, seq_len=t.seq_len,
                  local_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
-                 device_type=device_type(), async_tp=p.enable_async_tensor_parallel,
+                 device_type=device or device_type(), async_tp=p.enable_async_tensor_parallel,
                  compile=t.compile)
-    if t.enable_cpu_offload and device_type() != "cuda":
+    if t.enable_cpu_offload and (device or device_type()) != "cuda":
         raise ConfigError(
             "[training] enable_cpu_offload moves GPU memory to the host and needs CUDA; "
             "turn it off on CPU"
@@ -110,7 +119,7 @@ def check(job: JobConfig, world_size: int) -> Preflight:
         )
     per_step = t.local_batch_size * dims.dp_size
     accum = 1 if t.global_batch_size == -1 else t.global_batch_size // per_step
-    files = list_files(resolve_dataset_path(t.dataset, t.dataset_path))
+    files = [] if planning else list_files(resolve_dataset_path(t.dataset, t.dataset_path))
     if job.profiling.enable_profiling and job.profiling.profile_freq < 2:
         raise ConfigError("[profiling] profile_freq must be >= 2 (one warm-up step, one traced)")
     return Preflight(dims, args, tokenizer_path, files, accum)

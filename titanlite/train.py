@@ -34,6 +34,17 @@ from titanlite.profiling import maybe_profile
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def parallelize_options(job: JobConfig, dims) -> ParallelizeOptions:
+    """The parallelize knobs from the config sections (shared by training and the dry run)."""
+    t, p, ac = job.training, job.parallelism, job.activation_checkpoint
+    return ParallelizeOptions(
+        loss_parallel=dims.tp_enabled and not p.disable_loss_parallel,
+        async_tp=p.enable_async_tensor_parallel, ac_mode=ac.mode, ac_option=ac.selective_ac_option,
+        compile=t.compile, param_dtype=DTYPES[t.mixed_precision_param],
+        reduce_dtype=DTYPES[t.mixed_precision_reduce],
+        reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload)
+
+
 class TrainState:
     """What the loop itself must carry across a resume."""
 
@@ -56,7 +67,7 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 class Trainer:
     def __init__(self, job: JobConfig, pre: preflight.Preflight):
         self.job, self.pre = job, pre
-        t, p = job.training, job.parallelism
+        t = job.training
         self.device = distributed.init(job.comm.init_timeout_seconds)
         self.rank = dist.get_rank()
         distributed.check_distinct_devices(self.device)
@@ -84,13 +95,8 @@ class Trainer:
         logger.info(f"model {job.model.name} {job.model.flavor}: {n_params:,} parameters, "
                     f"{self.flops_per_token / 1e9:.3f} GFLOPs per token (training), seed {self.seed}")
         self.param_dtype = DTYPES[t.mixed_precision_param]
-        self.loss_parallel = self.dims.tp_enabled and not p.disable_loss_parallel
-        opts = ParallelizeOptions(
-            loss_parallel=self.loss_parallel, async_tp=p.enable_async_tensor_parallel,
-            ac_mode=job.activation_checkpoint.mode, ac_option=job.activation_checkpoint.selective_ac_option,
-            compile=t.compile, param_dtype=self.param_dtype,
-            reduce_dtype=DTYPES[t.mixed_precision_reduce],
-            reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload)
+        opts = parallelize_options(job, self.dims)
+        self.loss_parallel = opts.loss_parallel
         model = PARALLELIZE_FNS[job.model.name](model, self.dims, self.meshes, opts)
         init_device = torch.device("cpu") if t.enable_cpu_offload else self.device
         model.to_empty(device=init_device)

@@ -63,6 +63,7 @@ LAYOUT = dict(n_heads=16, n_kv_heads=8, seq_len=2048, local_batch_size=2, global
     ((1, -1, 2), 2, {"async_tp": True}, "enable_async_tensor_parallel needs CUDA GPUs"),
     ((1, -1, 1), 2, {"async_tp": True}, "needs tensor_parallel_degree > 1"),
     ((2, 1, 2), 4, {}, "does not compose with tensor parallel"),
+    ((1, -1, 2), 2, {"compile": True}, "training.compile with tensor parallel but no FSDP"),
 ])
 def test_bad_layouts(degrees, world, overrides, message):
     with pytest.raises(LayoutError) as e:

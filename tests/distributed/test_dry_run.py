@@ -1,0 +1,81 @@
+"""The dry run: the real layout code on meta tensors under a fake process group."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import DEBUG_CONFIG, ROOT, check, clean_env, torchrun
+from titanlite import config, plan
+
+
+def _dry(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "run_train.sh", "--dry-run", *argv], cwd=ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("preset, world, mesh", [
+    ("llama_8b.toml", 64, "dp_shard=64"),
+    ("llama_70b.toml", 256, "dp_shard=32 x tp=8"),
+    ("llama_405b.toml", 128, "dp_shard=16 x tp=8"),
+])
+def test_presets_plan_quickly(preset, world, mesh):
+    proc = _dry("--config", preset, "--dry-run.world_size", str(world))
+    assert proc.returncode == 0, proc.stderr
+    assert f"mesh                 {mesh}" in proc.stdout
+    assert "FITS" in proc.stdout
+    seconds = float(proc.stdout.split("planned in ")[1].split("s")[0])
+    assert seconds < 60
+
+
+def test_impossible_layout_is_the_same_one_line_error_as_a_real_launch():
+    proc = _dry("--config", "llama_70b.toml", "--dry-run.world_size", "100")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "titanlite: error: world size 100 is not divisible by data_parallel_replicate_degree (1) "
+        "x tensor_parallel_degree (8); change the degrees or the number of processes (NGPU)")
+    bad = ["--config", str(DEBUG_CONFIG), "--parallelism.tensor_parallel_degree", "3"]
+    dry = _dry(*bad, "--dry-run.world_size", "6")
+    real = subprocess.run(["bash", "run_train.sh", *bad], cwd=ROOT, env=clean_env(NGPU="6"),
+                          capture_output=True, text=True, timeout=300)
+    assert dry.returncode == real.returncode == 2
+    assert dry.stderr.strip() == real.stderr.strip().splitlines()[-1]
+    assert "n_heads = 16 is not divisible by parallelism.tensor_parallel_degree = 3" in dry.stderr
+
+
+def test_does_not_fit_verdict():
+    proc = _dry("--config", "llama_70b.toml", "--dry-run.world_size", "8",
+                "--parallelism.tensor_parallel_degree", "1")
+    assert proc.returncode == 0 and "DOES NOT FIT" in proc.stdout and "biggest item" in proc.stdout
+
+
+def test_fsdp_bytes_shrink_as_one_over_dp():
+    job = config.load(["--config", "llama_8b.toml"])
+    sizes = {w: plan(job, w).bytes for w in (8, 16, 32, 64)}
+    for key in ("parameters", "gradients", "optimizer"):
+        for w in (16, 32, 64):
+            assert sizes[w][key] == pytest.approx(sizes[8][key] * 8 / w, rel=1e-3), (key, w)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, extra", [
+    (1, ["--training.local_batch_size", "8"]),
+    (2, ["--training.local_batch_size", "4"]),
+    (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
+])
+def test_state_bytes_equal_a_real_gloo_run(tmp_path, nproc, extra):
+    args = ["--config", str(DEBUG_CONFIG), "--training.seq_len", "64", "--metrics.enable_tensorboard",
+            "false", "--job.dump_folder", str(tmp_path), *extra]
+    check(torchrun(nproc, ["tests/distributed/state_bytes_worker.py", str(tmp_path / "sizes")], args))
+    job = config.load(args)
+    for rank in range(nproc):
+        real = json.loads((tmp_path / f"sizes.rank{rank}.json").read_text())
+        predicted = plan(job, nproc, rank=rank, device_type="cpu").bytes
+        for key in ("parameters", "gradients", "optimizer"):
+            if key == "gradients" and "--parallelism.tensor_parallel_degree" in extra:
+                # Under TP the embedding's gradient lives in a buffer larger than its shard,
+                # which meta tensors do not show (measured: +2.4% of gradient bytes here).
+                assert real[key] == pytest.approx(predicted[key], rel=0.03)
+            else:
+                assert predicted[key] == real[key], (rank, key, predicted[key], real[key])

@@ -1,0 +1,83 @@
+"""Activation memory of a Llama training step, per rank, from the shapes alone.
+
+The formula counts what autograd saves for backward in titanlite's Llama block (the same
+bookkeeping as Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", redone for RMSNorm, RoPE, grouped-query SDPA attention and SwiGLU). Per token and per
+block, with compute dtype size e, dim d, key/value width kv = n_kv_heads x head_dim, FFN hidden
+size F, heads n and tensor-parallel degree t (sequence parallel: norms work on 1/t of the tokens):
+
+    norms       2 x (4d/t + 4/t)        fp32 input and 1/rstd of each RMSNorm
+    gathered    2 x e*d                 each norm's output, all-gathered for the q/k/v and w1/w3
+                                        matmuls (saved whole on every TP rank)
+    attention   e*(d + 2kv)/t           q, k, v after RoPE (SDPA inputs)
+                2 x e*d/t + 4n/t        SDPA output, its contiguous copy for wo, log-sum-exp
+    SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
+
+Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves float32 logits
+over the vocabulary V (V/t with loss parallel), and the first backward step adds a float32
+gradient of the same size (transient, counted in the peak).
+
+Activation checkpointing changes what each block keeps until backward:
+- none: everything above;
+- full: only the block input (e*d/t), plus one block's activations while it is recomputed;
+- selective N: blocks 0, N, 2N, ... as with full, the others as with none;
+- selective op: the block input, every second matmul output (wq, wv, w1, w2 in forward order),
+  the SDPA output and log-sum-exp, plus one block's recompute.
+Calibrated against torch's MemTracker on real CPU runs: see docs/dry_run.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.llama import LlamaArgs
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    per_block_full: int  # bytes one block keeps without checkpointing (whole micro-batch)
+    blocks: int  # bytes all blocks keep until backward
+    recompute: int  # one block's activations rebuilt during backward (AC only)
+    outside: int  # final norm, logits/loss
+    loss_backward: int  # transient gradient of the logits
+
+    @property
+    def total(self) -> int:
+        return self.blocks + self.recompute + self.outside + self.loss_backward
+
+
+def estimate_activations(args: LlamaArgs, *, local_batch_size: int, seq_len: int, tp: int,
+                         loss_parallel: bool, ac_mode: str, ac_option: str,
+                         compute_bytes: int) -> ActivationEstimate:
+    e, d, t, n = compute_bytes, args.dim, tp, args.n_heads
+    kv, ffn, vocab = args.kv_heads * args.head_dim, args.ffn_hidden_dim, args.vocab_size
+    tokens = local_batch_size * seq_len
+
+    norms = 2 * (4 * d + 4) / t
+    gathered = 2 * e * d
+    attention = e * (d + 2 * kv) / t + 2 * e * d / t + 4 * n / t
+    swiglu = 4 * e * ffn / t
+    full_block = tokens * (norms + gathered + attention + swiglu)
+    block_input = tokens * e * d / t
+    # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input.
+    w2_out = e * d if t == 1 else e * d + e * d / t  # partial sums before the reduce-scatter, and its result
+    op_block = tokens * (e * (d + kv + ffn) / t + w2_out + e * d / t + 4 * n / t) + block_input
+
+    layers = args.n_layers
+    if ac_mode == "none":
+        blocks, recompute = layers * full_block, 0.0
+    elif ac_mode == "full":
+        blocks, recompute = layers * block_input, full_block
+    elif ac_option == "op":
+        blocks, recompute = layers * op_block, full_block
+    else:
+        every = int(ac_option)
+        wrapped = len(range(0, layers, every))
+        blocks = wrapped * block_input + (layers - wrapped) * full_block
+        recompute = full_block if wrapped else 0.0
+
+    logits_width = vocab / t if (loss_parallel or t == 1) else vocab
+    outside = tokens * ((4 * d + 4) / t + e * d + 4 * logits_width)
+    loss_backward = tokens * 4 * logits_width
+    return ActivationEstimate(int(full_block), int(blocks), int(recompute), int(outside),
+                              int(loss_backward))

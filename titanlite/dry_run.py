@@ -1,0 +1,240 @@
+"""Plan a run before it costs GPU hours: the real layout checks, mesh, parallelization and
+optimizer, on meta tensors under a fake process group of the target world size, in one process.
+
+    ./run_train.sh --config llama_70b.toml --dry-run --dry-run.world_size 256
+    python -m titanlite.dry_run --config llama_70b.toml --dry-run.world_size 256
+    titanlite.plan(job_config, world_size) -> Plan            # from Python
+
+Parameter, gradient and optimizer-state bytes are exact: they are read off the sharded DTensors
+(and the AdamW state created by a real optimizer step on meta tensors) of the given rank.
+Activation memory comes from the documented formula in titanlite.activation_memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from titanlite import config as config_lib
+from titanlite.activation_memory import estimate_activations
+from titanlite.config_schema import JobConfig
+
+GIB = 2**30
+
+
+def tensors_bytes(tensors) -> int:
+    """Bytes that (possibly sharded) tensors occupy on this rank: their local storages, each
+    counted once (FSDP2's sharded gradients are views into one reduce-scatter buffer) and with
+    padding (FSDP2 pads uneven shards). Meta tensors have no addresses: each is its own."""
+    seen, total = set(), 0
+    for t in tensors:
+        storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+        key = storage.data_ptr()
+        if t.device.type != "meta" and key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Per-rank parameter, gradient and optimizer-state bytes (meta or real tensors; the
+    optimizer's state may hold DTensors or their local shards)."""
+    params = list(model.parameters())
+    return {
+        "parameters": tensors_bytes(params),
+        "gradients": tensors_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": tensors_bytes(v for s in optimizer.state.values() for v in s.values()
+                                   if isinstance(v, torch.Tensor)),
+    }
+
+
+def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The state a first optimizer step creates, on meta tensors.
+
+    DTensor optimizer state is sharded exactly like its parameter, so a twin of the optimizer
+    steps over each parameter's local shard (routing ~300 meta steps through DTensor's sharding
+    propagation would cost tens of seconds). The fused kernels refuse meta tensors; the foreach
+    implementation creates the same state tensors (shapes, dtypes)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    groups = []
+    for g in optimizer.param_groups:
+        local = [(p.to_local() if isinstance(p, DTensor) else p).detach().requires_grad_()
+                 for p in g["params"]]
+        for t in local:
+            t.grad = torch.zeros_like(t)
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": local,
+                       "fused": False, "foreach": True})
+    twin = type(optimizer)(groups)
+    twin.step()
+    return twin
+
+
+@dataclass
+class Plan:
+    world_size: int
+    rank: int
+    mesh: dict[str, int]
+    model: str
+    n_params: int
+    dp_size: int
+    tp: int
+    grad_accum_steps: int
+    tokens_per_step: int
+    flops_per_step: float
+    device_memory: int
+    bytes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.device_memory
+
+    def render(self) -> str:
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        lines = [
+            f"dry run: {self.model}, {self.n_params / 1e9:.2f}B parameters, world {self.world_size}"
+            f" (rank {self.rank} shown), planned in {self.seconds:.1f}s",
+            f"  mesh                 {mesh}",
+            f"  data parallel        {self.dp_size} ranks, {self.grad_accum_steps} micro-batch(es) per step",
+            f"  tokens per step      {self.tokens_per_step:,}",
+            f"  FLOPs per step       {self.flops_per_step:.3e}",
+            "  memory per rank:",
+        ]
+        for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
+            lines.append(f"    {name:<28} {value / GIB:9.2f} GiB")
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        lines.append(f"    {'total':<28} {self.total / GIB:9.2f} GiB of {self.device_memory / GIB:.0f} GiB"
+                     f"  -> {verdict}")
+        if not self.fits:
+            top = max(self.bytes, key=self.bytes.get)
+            lines.append(f"  biggest item: {top}; more data-parallel shards, tensor parallel, "
+                         "activation checkpointing or a smaller local batch reduce it")
+        return "\n".join(lines)
+
+
+LLAMA3_VOCAB = 128_256
+
+
+def plan(job: JobConfig, world_size: int, rank: int = 0, device_memory_gib: float = 80.0,
+         device_type: str = "cuda", vocab_size: int | None = None) -> Plan:
+    """Build everything a real launch builds, on meta tensors, for `rank` of `world_size`.
+    The vocabulary comes from the tokenizer when its file is here, else `vocab_size` (default:
+    Llama 3's 128,256)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from models import MODELS
+    from parallelisms import PARALLELIZE_FNS
+    from titanlite import preflight
+    from titanlite.optim import build_optimizer
+    from titanlite.train import DTYPES, parallelize_options
+
+    start = time.perf_counter()
+    from titanlite.data import TokenizerError, resolve_tokenizer_path
+
+    if vocab_size is None:
+        try:
+            resolve_tokenizer_path(job.model.tokenizer_path)
+        except TokenizerError:
+            vocab_size = LLAMA3_VOCAB
+    pre = preflight.check(job, world_size, device=device_type, vocab_size=vocab_size)
+    if dist.is_initialized():
+        raise RuntimeError("plan() needs a process without a process group (it makes a fake one)")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        dims, spec = pre.dims, MODELS[job.model.name]
+        meshes = dims.build_meshes("cpu")
+        with torch.device("meta"):
+            model = spec.model_cls(pre.model_args)
+        opts = parallelize_options(job, dims)
+        PARALLELIZE_FNS[job.model.name](model, dims, meshes, opts)
+        optimizer = build_optimizer(model, job.optimizer)
+        twin = _create_optimizer_state(model, optimizer)
+        sizes = state_bytes(model, twin)
+        sizes["buffers (RoPE table)"] = tensors_bytes(model.buffers())
+    finally:
+        dist.destroy_process_group()
+
+    t = job.training
+    compute_bytes = DTYPES[t.mixed_precision_param].itemsize
+    act = estimate_activations(
+        pre.model_args, local_batch_size=t.local_batch_size, seq_len=t.seq_len, tp=dims.tp,
+        loss_parallel=opts.loss_parallel, ac_mode=opts.ac_mode, ac_option=opts.ac_option,
+        compute_bytes=compute_bytes)
+    sizes["activations (saved)"] = act.blocks + act.outside
+    sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
+    tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
+    return Plan(
+        world_size=world_size, rank=rank, mesh=dict(zip(*reversed(dims.mesh_shape()))),
+        model=f"{job.model.name} {job.model.flavor}", n_params=spec.num_params(pre.model_args),
+        dp_size=dims.dp_size, tp=dims.tp, grad_accum_steps=pre.grad_accum_steps,
+        tokens_per_step=tokens,
+        flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
+        device_memory=int(device_memory_gib * GIB), bytes=sizes,
+        seconds=time.perf_counter() - start)
+
+
+def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Pull `--dry-run` and `--dry-run.KEY VALUE` / `--dry-run.KEY=VALUE` out of argv."""
+    opts, rest, i = {}, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--dry-run":
+            i += 1
+            continue
+        if arg.startswith("--dry-run."):
+            key, eq, value = arg[len("--dry-run."):].partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise config_lib.ConfigError(f"command line: {arg} needs a value")
+                value, i = argv[i + 1], i + 1
+            opts[key] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return opts, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    from titanlite import preflight
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        opts, rest = split_dry_run_args(argv)
+        known = {"world_size", "rank", "device_memory_gib", "device_type", "vocab_size"}
+        if set(opts) - known:
+            raise config_lib.ConfigError(
+                f"command line: unknown --dry-run.{sorted(set(opts) - known)[0]}; known: "
+                f"{', '.join(sorted(known))}")
+        default_world = int(os.environ.get("NGPU", "1")) * int(os.environ.get("NNODES", "1"))
+        try:
+            world = int(opts.get("world_size", default_world))
+            rank = int(opts.get("rank", 0))
+            memory = float(opts.get("device_memory_gib", 80))
+            vocab = int(opts["vocab_size"]) if "vocab_size" in opts else None
+        except ValueError as e:
+            raise config_lib.ConfigError(f"command line: --dry-run option: {e}") from None
+        if not 0 <= rank < world:
+            raise config_lib.ConfigError(f"--dry-run.rank {rank} is outside world size {world}")
+        job = config_lib.load(rest)
+        result = plan(job, world, rank, memory, opts.get("device_type", "cuda"), vocab)
+    except preflight.user_errors() as e:
+        print(f"titanlite: error: {e}", file=sys.stderr)
+        return 2
+    print(result.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
