@@ -55,6 +55,22 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     }
 
 
+def fsdp_transient_bytes(args, tp: int, param_bytes: int, reduce_bytes: int) -> int:
+    """What FSDP2 holds unsharded at its peak (end of backward): the root's parameters
+    (embeddings, final norm, head: not resharded after forward), two blocks' parameters (the one
+    computing and the one prefetched), and the largest unsharded gradient awaiting its
+    reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
+    root = 2 * args.vocab_size * args.dim + args.dim
+    block = (args.n_layers and (_num_params(args) - root) // args.n_layers)
+    return int((root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp)
+
+
+def _num_params(args) -> int:
+    from models.llama import num_params
+
+    return num_params(args)
+
+
 def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The state a first optimizer step creates, on meta tensors.
 
@@ -113,9 +129,9 @@ class Plan:
             "  memory per rank:",
         ]
         for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
-            lines.append(f"    {name:<28} {value / GIB:9.2f} GiB")
+            lines.append(f"    {name:<36} {value / GIB:9.2f} GiB")
         verdict = "FITS" if self.fits else "DOES NOT FIT"
-        lines.append(f"    {'total':<28} {self.total / GIB:9.2f} GiB of {self.device_memory / GIB:.0f} GiB"
+        lines.append(f"    {'total':<36} {self.total / GIB:9.2f} GiB of {self.device_memory / GIB:.0f} GiB"
                      f"  -> {verdict}")
         if not self.fits:
             top = max(self.bytes, key=self.bytes.get)
@@ -172,6 +188,9 @@ def plan(job: JobConfig, world_size: int, rank: int = 0, device_memory_gib: floa
         pre.model_args, local_batch_size=t.local_batch_size, seq_len=t.seq_len, tp=dims.tp,
         loss_parallel=opts.loss_parallel, ac_mode=opts.ac_mode, ac_option=opts.ac_option,
         compute_bytes=compute_bytes)
+    if dims.fsdp_enabled:
+        sizes["FSDP unsharded params/grads"] = fsdp_transient_bytes(
+            pre.model_args, dims.tp, compute_bytes, DTYPES[t.mixed_precision_reduce].itemsize)
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps

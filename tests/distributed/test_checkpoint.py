@@ -117,6 +117,20 @@ def _assert_same(a, b, path=""):
         assert a == b, path
 
 
+def _kill_run(proc: subprocess.Popen, folder) -> None:
+    """SIGKILL torchrun and its workers (torchrun starts them in sessions of their own, so they
+    are found by the dump folder in their command line)."""
+    subprocess.run(["pkill", "-KILL", "-f", str(folder)], check=False)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 30
+    while subprocess.run(["pgrep", "-f", str(folder)], capture_output=True).returncode == 0:
+        assert time.time() < deadline, "workers survived SIGKILL"
+        subprocess.run(["pkill", "-KILL", "-f", str(folder)], check=False)
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
     # A bigger model so that a save takes long enough to be killed in the middle of it.
@@ -134,14 +148,12 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
         while time.time() < deadline and proc.poll() is None:
             partial = [p for p in ckpt.glob(".step-*.partial")] if ckpt.exists() else []
             if complete_steps(ckpt) and partial and any((p / "__0_0.distcp").exists() for p in partial):
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_run(proc, tmp_path)
                 killed_during_save = True
                 break
             time.sleep(0.005)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill_run(proc, tmp_path)
     assert killed_during_save, "never caught a save in progress"
     survivors = complete_steps(ckpt)
     assert list(ckpt.glob(".step-*.partial")), "the interrupted save left no partial folder"

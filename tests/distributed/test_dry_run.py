@@ -2,11 +2,10 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
-
 from helpers import DEBUG_CONFIG, ROOT, check, clean_env, torchrun
+
 from titanlite import config, plan
 
 

@@ -158,3 +158,16 @@ def test_init_statistics():
 
 def test_registry():
     assert MODELS["llama3"].model_cls is Transformer
+
+
+@pytest.mark.parametrize("ac", ["none", "full", "selective_op"])
+def test_activation_estimate_within_25_percent_of_measured_peak(ac):
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "scripts" / "calibrate_memory.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    _, measured, predicted = calibrate.measure("debug", ac)
+    assert 0.75 <= predicted / measured <= 1.25, (ac, measured, predicted)
