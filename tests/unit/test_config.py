@@ -194,3 +194,27 @@ def test_config_reference_doc_is_current():
     proc = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_old_torch_and_missing_packages_are_one_line_errors(monkeypatch):
+    import builtins
+
+    import torch
+
+    from titanlite.preflight import EnvironmentProblem, check_environment
+
+    job = load("--config", str(DEBUG_CONFIG))
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu121")
+    with pytest.raises(EnvironmentProblem, match=r"torch 2.5.1\+cu121 is older than the minimum 2.7"):
+        check_environment(job)
+    monkeypatch.undo()
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name == "tensorboard":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.raises(EnvironmentProblem, match="pip install tensorboard"):
+        check_environment(job)

@@ -138,7 +138,7 @@ class PackedTextDataset(IterableDataset):
                 if from_start and not got_any:
                     raise DatasetError(
                         f"training dataset: no readable document in {len(self.files)} file(s) "
-                        f"starting with {self.files[0]} ({self.skipped.count} malformed records)"
+                        f"({self.skipped.count} malformed records)"
                     )
                 self.epoch, self.file_idx, self.record_idx = self.epoch + 1, 0, 0
         for ids in self.tokenizer.encode_documents(texts):
@@ -149,7 +149,9 @@ class PackedTextDataset(IterableDataset):
         while True:
             while len(self.buffer) < n:
                 self._fill()
-            window, self.buffer = self.buffer[:n], self.buffer[n:]
+            window = self.buffer[:n]
+            # Deleting the head in place avoids copying the whole remaining buffer per window.
+            del self.buffer[:n]
             owned = self._owns(self.window_idx)
             self.window_idx += 1
             if owned:
