@@ -39,6 +39,7 @@ from titanlite.checkpoint_storage import (
     ChecksummingWriter,
     SafeLoadPlanner,
     complete_steps,
+    file_crc32,
     partial_dir,
     read_manifest,
     step_dir,
@@ -261,7 +262,7 @@ class CheckpointManager:
             # DCP writes .metadata under a temporary name first; record the final file instead.
             merged = {name: rec for r in records for name, rec in r.items() if not name.endswith(".tmp")}
             merged[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
-                                   "crc32": _file_crc(partial / ".metadata")}
+                                   "crc32": file_crc32(partial / ".metadata")}
             write_manifest(partial, merged, info)
             if final.exists():  # only reachable with checkpoint.overwrite or re-saving a resumed step
                 shutil.rmtree(final)
@@ -325,12 +326,6 @@ def _rebuild(node: Any) -> Any:
     if issubclass(kind, dict):
         return children
     return kind(children[i] for i in range(len(children)))
-
-
-def _file_crc(path: Path) -> int:
-    import zlib
-
-    return zlib.crc32(path.read_bytes())
 
 
 def _version() -> str:

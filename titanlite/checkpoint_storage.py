@@ -135,7 +135,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupted ({e})") from None
 
 
-def _crc32(path: Path) -> int:
+def file_crc32(path: Path) -> int:
     crc = 0
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
@@ -159,7 +159,7 @@ def verify(path: Path, files: list[str] | None = None, checksums: bool = True) -
             problems.append(f"{f} is missing")
         elif f.stat().st_size != rec["size"]:
             problems.append(f"{f} is {f.stat().st_size} bytes, the manifest says {rec['size']} (truncated?)")
-        elif checksums and (files is None or name in files) and _crc32(f) != rec["crc32"]:
+        elif checksums and (files is None or name in files) and file_crc32(f) != rec["crc32"]:
             problems.append(f"{f} is corrupted (CRC32 differs from the manifest)")
     return problems
 
@@ -205,6 +205,6 @@ def save_full_state_dict(sd: dict[str, Any], path: Path, info: dict[str, Any]) -
     dcp.save(sd, storage_writer=writer, no_dist=True)
     records = {n: r for n, r in writer.records.items() if not n.endswith(".tmp")}
     records[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
-                            "crc32": _crc32(partial / ".metadata")}
+                            "crc32": file_crc32(partial / ".metadata")}
     write_manifest(partial, records, {**info, "keys": sorted(sd)})
     partial.rename(path)
