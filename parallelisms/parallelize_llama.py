@@ -1,5 +1,8 @@
 """Compose the parallelisms for a Llama model, in the order they must be applied:
-tensor parallel -> (float8 conversion) -> activation checkpointing -> compile -> FSDP / DDP.
+float8 conversion -> tensor parallel -> activation checkpointing -> compile -> FSDP / DDP.
+
+Float8 goes first because torchao's float8 TP styles accept only Float8Linear modules, and FSDP
+must shard the float8 weight wrapper when float8 all-gather is on.
 
 Knows the model only through its public structure: `layers` (a ModuleDict of blocks),
 `tok_embeddings`, `norm`, `output`.
@@ -15,6 +18,7 @@ from torch import nn
 from parallelisms.activation_checkpoint import apply_ac
 from parallelisms.compile import apply_compile
 from parallelisms.ddp import apply_ddp
+from parallelisms.float8 import ConversionPlan, Float8Options, convert_to_float8, uses_float8_tp
 from parallelisms.fsdp import apply_fsdp
 from parallelisms.parallel_dims import Meshes, ParallelDims
 from parallelisms.tensor_parallel import apply_tp, enable_async_tp
@@ -33,13 +37,22 @@ class ParallelizeOptions:
     reduce_dtype: torch.dtype = torch.float32
     reshard_after_forward: str = "default"
     cpu_offload: bool = False
+    float8: Float8Options | None = None
 
 
 def parallelize_llama(model: nn.Module, dims: ParallelDims, meshes: Meshes,
-                      opts: ParallelizeOptions) -> nn.Module:
+                      opts: ParallelizeOptions) -> ConversionPlan | None:
+    """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
+    float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
+
     if dims.tp_enabled:
+        float8_tp = uses_float8_tp(opts.float8)
         apply_tp(model, list(model.layers.values()), meshes.tp,
-                 loss_parallel_enabled=opts.loss_parallel)
+                 loss_parallel_enabled=opts.loss_parallel, float8_all_gather=float8_tp)
+        if float8_plan is not None:
+            float8_plan.collectives.append(
+                "TP all-gathers activations in float8" if float8_tp else
+                "TP all-gathers stay high precision (rowwise recipe, or a backend without float8)")
         if opts.async_tp:
             enable_async_tp(meshes.tp)
 
@@ -56,4 +69,4 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, meshes: Meshes,
                    reshard_after_forward=opts.reshard_after_forward, cpu_offload=opts.cpu_offload)
     elif dims.ddp_enabled:
         apply_ddp(model, meshes.ddp)
-    return model
+    return float8_plan

@@ -25,8 +25,11 @@ from torch.distributed.tensor.parallel import (
 
 
 def apply_tp(model: nn.Module, blocks: list[nn.Module], tp_mesh: DeviceMesh, *,
-             loss_parallel_enabled: bool) -> None:
-    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""
+             loss_parallel_enabled: bool, float8_all_gather: bool = False) -> None:
+    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output).
+
+    With `float8_all_gather`, blocks whose Linear layers are all Float8Linear get torchao's
+    float8 styles: activations are cast before the all-gather, halving its bytes."""
     parallelize_module(model, tp_mesh, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -37,24 +40,36 @@ def apply_tp(model: nn.Module, blocks: list[nn.Module], tp_mesh: DeviceMesh, *,
         ),
     })
     for block in blocks:
+        colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+        if float8_all_gather and _all_float8(block):
+            from parallelisms.float8 import float8_tp_styles
+
+            colwise, rowwise, prepare_input = float8_tp_styles()
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
             # The second input (RoPE rotations) is the same on every rank: leave it alone.
-            "attention": PrepareModuleInput(
+            "attention": prepare_input(
                 input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
             ),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "attention.wq": colwise(),
+            "attention.wk": colwise(),
+            "attention.wv": colwise(),
+            "attention.wo": rowwise(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(
+            "feed_forward": prepare_input(
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
             ),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w1": colwise(),
+            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+            "feed_forward.w3": colwise(),
         })
+
+
+def _all_float8(block: nn.Module) -> bool:
+    from parallelisms.float8 import is_float8_linear
+
+    linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
+    return bool(linears) and all(is_float8_linear(m) for m in linears)
 
 
 def enable_async_tp(tp_mesh: DeviceMesh) -> None:

@@ -75,7 +75,7 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
     meshes = dims.build_meshes("cpu")
     with torch.device("meta"):
         model = MODELS[job.model.name].model_cls(pre.model_args)
-    model = parallelize_llama(model, dims, meshes, ParallelizeOptions())
+    parallelize_llama(model, dims, meshes, ParallelizeOptions())
     model.to_empty(device=torch.device("cpu"))
     model.init_weights(0, buffer_device=torch.device("cpu"))
     model.train()

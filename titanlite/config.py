@@ -118,9 +118,13 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
         raise ConfigError(f"{where} = {raw!r}: expected {_type_name(tp)}") from None
     meta = fields[key].metadata
     choices = meta.get("choices")
-    if choices is not None and value not in choices:
+    if choices is not None:
         shown = ", ".join(repr(c) for c in choices)
-        raise ConfigError(f"{where} = {value!r}: expected one of {shown}")
+        if not isinstance(value, list) and value not in choices:
+            raise ConfigError(f"{where} = {value!r}: expected one of {shown}")
+        for item in value if isinstance(value, list) else []:
+            if item not in choices:
+                raise ConfigError(f"{where} = {value!r}: {item!r} is not one of {shown}")
     low = meta.get("min")
     if low is not None and value is not None and value < low:
         raise ConfigError(f"{where} = {value!r}: must be >= {low}")
@@ -267,6 +271,12 @@ def validate(cfg: JobConfig) -> None:
                 f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r}: "
                 "expected a positive integer (every N-th block) or 'op'"
             )
+    f8 = cfg.float8
+    if ("float8" in cfg.model.converters and f8.precompute_float8_dynamic_scale_for_fsdp
+            and not f8.enable_fsdp_float8_all_gather):
+        raise ConfigError(
+            "[float8] precompute_float8_dynamic_scale_for_fsdp acts only on weights all-gathered "
+            "in float8; set enable_fsdp_float8_all_gather = true or turn it off")
     p = cfg.parallelism
     if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
         raise ConfigError(

@@ -58,7 +58,8 @@ class Model:
     name: str = opt("llama3", "model family", choices=["llama3"])
     flavor: str = opt("debugmodel", "named size within the family")
     tokenizer_path: str = opt("", "tokenizer.json (Hugging Face tokenizers); '' = built-in")
-    converters: list[str] = opt([], "model converters, e.g. float8", unsupported=True)
+    converters: list[str] = opt([], "model converters applied before parallelizing",
+                                choices=["float8"])
     print_after_conversion: bool = opt(False, "print the model after conversion")
     # Shape overrides for experiments; None keeps the flavor's value.
     dim: int | None = opt(None, "hidden size", min=1)
@@ -172,16 +173,15 @@ class ActivationCheckpoint:
 
 @dataclass
 class Float8:
-    # Read when model.converters holds "float8" (not implemented yet).
-    enable_fsdp_float8_all_gather: bool = opt(False, "all-gather weights in float8")
-    precompute_float8_dynamic_scale_for_fsdp: bool = opt(False, "one all-reduce for all scales")
+    # Read when model.converters holds "float8"; see docs/float8.md.
+    recipe_name: str = opt("tensorwise", "how float8 scales are computed",
+                           choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+    enable_fsdp_float8_all_gather: bool = opt(False, "all-gather FSDP weights in float8 (tensorwise)")
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(
+        False, "all weight scales in one all-reduce after each optimizer step")
     force_recompute_fp8_weight_in_bwd: bool = opt(False, "recompute float8 weights in backward")
-    recipe_name: str | None = opt(
-        None, "tensorwise / rowwise / rowwise_with_gw_hp",
-        choices=[None, "tensorwise", "rowwise", "rowwise_with_gw_hp"],
-    )
-    filter_fqns: list[str] = opt(["output"], "modules never converted")
-    emulate: bool = opt(False, "emulate float8 matmuls (CPU / older GPUs)")
+    filter_fqns: list[str] = opt(["output"], "Linear layers whose name contains one stay high precision")
+    emulate: bool = opt(False, "float8 casts with high-precision matmuls (any GPU or CPU)")
 
 
 @dataclass

@@ -108,6 +108,7 @@ class Plan:
     device_memory: int
     bytes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    float8: str | None = None  # the float8 conversion plan, when float8 is on
 
     @property
     def total(self) -> int:
@@ -126,8 +127,10 @@ class Plan:
             f"  data parallel        {self.dp_size} ranks, {self.grad_accum_steps} micro-batch(es) per step",
             f"  tokens per step      {self.tokens_per_step:,}",
             f"  FLOPs per step       {self.flops_per_step:.3e}",
-            "  memory per rank:",
         ]
+        if self.float8:
+            lines += ["  " + line for line in self.float8.splitlines()]
+        lines.append("  memory per rank:")
         for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
             lines.append(f"    {name:<36} {value / GIB:9.2f} GiB")
         verdict = "FITS" if self.fits else "DOES NOT FIT"
@@ -173,8 +176,8 @@ def plan(job: JobConfig, world_size: int, rank: int = 0, device_memory_gib: floa
         meshes = dims.build_meshes("cpu")
         with torch.device("meta"):
             model = spec.model_cls(pre.model_args)
-        opts = parallelize_options(job, dims)
-        PARALLELIZE_FNS[job.model.name](model, dims, meshes, opts)
+        opts = parallelize_options(job, dims, device_type)
+        float8_plan = PARALLELIZE_FNS[job.model.name](model, dims, meshes, opts)
         optimizer = build_optimizer(model, job.optimizer)
         twin = _create_optimizer_state(model, optimizer)
         sizes = state_bytes(model, twin)
@@ -201,7 +204,8 @@ def plan(job: JobConfig, world_size: int, rank: int = 0, device_memory_gib: floa
         tokens_per_step=tokens,
         flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
         device_memory=int(device_memory_gib * GIB), bytes=sizes,
-        seconds=time.perf_counter() - start)
+        seconds=time.perf_counter() - start,
+        float8=float8_plan.describe() if float8_plan is not None else None)
 
 
 def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:

@@ -49,6 +49,10 @@ def check_environment(job: JobConfig) -> None:
             __import__(module)
         except ImportError:
             raise EnvironmentProblem(f"{package} is not installed: pip install {package}") from None
+    from titanlite.float8 import torchao_missing
+
+    if (problem := torchao_missing(job)) is not None:
+        raise EnvironmentProblem(problem)
     if job.metrics.enable_tensorboard:
         try:
             import tensorboard  # noqa: F401
@@ -69,6 +73,7 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
     check_environment(job)
     from models import MODELS
     from parallelisms import ParallelDims, check_layout
+    from titanlite import float8
     from titanlite.data import Tokenizer, list_files, resolve_dataset_path, resolve_tokenizer_path
     from titanlite.distributed import device_type
 
@@ -102,6 +107,8 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
                  local_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
                  device_type=device or device_type(), async_tp=p.enable_async_tensor_parallel,
                  compile=t.compile)
+    float8.check(job, fsdp_enabled=dims.fsdp_enabled, device_type=device or device_type(),
+                 planning=device is not None)
     if t.enable_cpu_offload and (device or device_type()) != "cuda":
         raise ConfigError(
             "[training] enable_cpu_offload moves GPU memory to the host and needs CUDA; "

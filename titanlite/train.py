@@ -21,11 +21,13 @@ from torch.distributed.tensor import DTensor
 
 from models import MODELS
 from parallelisms import PARALLELIZE_FNS, ParallelizeOptions, loss_context
+from parallelisms.float8 import register_scale_precompute
 from titanlite import config as config_lib
 from titanlite import distributed, preflight
 from titanlite.checkpoint import CheckpointManager, config_hash
 from titanlite.config_schema import JobConfig
 from titanlite.data import Tokenizer, build_dataloader
+from titanlite.float8 import float8_options
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger
 from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
@@ -34,15 +36,17 @@ from titanlite.profiling import maybe_profile
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def parallelize_options(job: JobConfig, dims) -> ParallelizeOptions:
+def parallelize_options(job: JobConfig, dims, device_type: str) -> ParallelizeOptions:
     """The parallelize knobs from the config sections (shared by training and the dry run)."""
     t, p, ac = job.training, job.parallelism, job.activation_checkpoint
+    f8 = float8_options(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type)
     return ParallelizeOptions(
         loss_parallel=dims.tp_enabled and not p.disable_loss_parallel,
         async_tp=p.enable_async_tensor_parallel, ac_mode=ac.mode, ac_option=ac.selective_ac_option,
         compile=t.compile, param_dtype=DTYPES[t.mixed_precision_param],
         reduce_dtype=DTYPES[t.mixed_precision_reduce],
-        reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload)
+        reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload,
+        float8=f8)
 
 
 class TrainState:
@@ -95,9 +99,11 @@ class Trainer:
         logger.info(f"model {job.model.name} {job.model.flavor}: {n_params:,} parameters, "
                     f"{self.flops_per_token / 1e9:.3f} GFLOPs per token (training), seed {self.seed}")
         self.param_dtype = DTYPES[t.mixed_precision_param]
-        opts = parallelize_options(job, self.dims)
+        opts = parallelize_options(job, self.dims, self.device.type)
         self.loss_parallel = opts.loss_parallel
-        model = PARALLELIZE_FNS[job.model.name](model, self.dims, self.meshes, opts)
+        float8_plan = PARALLELIZE_FNS[job.model.name](model, self.dims, self.meshes, opts)
+        if float8_plan is not None:
+            logger.info(float8_plan.describe())
         init_device = torch.device("cpu") if t.enable_cpu_offload else self.device
         model.to_empty(device=init_device)
         model.init_weights(self.seed, buffer_device=self.device)
@@ -112,6 +118,8 @@ class Trainer:
                     if not self.dims.fsdp_enabled and self.param_dtype != torch.float32
                     else contextlib.nullcontext())
         self.optimizer = build_optimizer(model, job.optimizer)
+        if opts.float8 is not None and opts.float8.precompute_scale:
+            register_scale_precompute(self.optimizer, model)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
         self.params = [q for q in model.parameters() if q.requires_grad]

@@ -28,6 +28,20 @@ def test_presets_plan_quickly(preset, world, mesh):
     assert seconds < 60
 
 
+def test_float8_plan_builds_the_nccl_only_paths():
+    # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
+    # cluster builds them on meta tensors, which is as far as a CPU machine can take them.
+    proc = _dry("--config", "llama_8b.toml", "--dry-run.world_size", "64",
+                "--parallelism.tensor_parallel_degree", "8", "--model.converters", "float8",
+                "--float8.enable_fsdp_float8_all_gather", "true",
+                "--float8.precompute_float8_dynamic_scale_for_fsdp", "true")
+    assert proc.returncode == 0, proc.stderr
+    for line in ("float8: converting 224 of 225 Linear layers",
+                 "FSDP all-gathers weights in float8, scales precomputed after each step",
+                 "TP all-gathers activations in float8", "FITS"):
+        assert line in proc.stdout
+
+
 def test_impossible_layout_is_the_same_one_line_error_as_a_real_launch():
     proc = _dry("--config", "llama_70b.toml", "--dry-run.world_size", "100")
     assert proc.returncode == 2
