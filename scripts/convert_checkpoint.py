@@ -1,23 +1,35 @@
-"""Convert titanlite checkpoints: DCP folder (any layout) <-> one torch.save file.
+"""Convert titanlite checkpoints: DCP folder (any layout) <-> one torch.save file or a Hugging Face
+Llama folder.
 
     python scripts/convert_checkpoint.py dcp-to-torch outputs/checkpoint/step-100 model.pt [--all]
     python scripts/convert_checkpoint.py torch-to-dcp model.pt outputs/seed/checkpoint/step-0
+    python scripts/convert_checkpoint.py dcp-to-hf outputs/checkpoint/step-100 hf/my-llama \\
+        [--dtype bfloat16] [--tokenizer DIR] [--max-shard-size 5GB] [--config config.toml]
+    python scripts/convert_checkpoint.py hf-to-dcp Meta-Llama-3.1-8B outputs/init/step-0 [--dtype float32]
 
 dcp-to-torch writes the model weights only (keys as in the model's state dict) unless --all.
 torch-to-dcp reads the file with weights_only=True (no code from it runs) and writes a complete
 checkpoint with a manifest, usable as checkpoint.initial_load_path or a step to resume from.
+dcp-to-hf / hf-to-dcp stream one tensor at a time (progress on stderr); see docs/checkpoint.md.
+No destination is ever overwritten. Errors: one line, exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from titanlite.checkpoint import EXPORT_DTYPES
 from titanlite.checkpoint_storage import CheckpointError, load_full_state_dict, save_full_state_dict
+from titanlite.config import ConfigError
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def dcp_to_torch(src: Path, dst: Path, everything: bool) -> None:
@@ -37,22 +49,64 @@ def torch_to_dcp(src: Path, dst: Path) -> None:
                                    "torch_version": torch.__version__, "saved_at": time.time()})
 
 
+def size_bytes(text: str) -> int:
+    """'5GB' (10^9), '2GiB' (2^30), '500MB', or a plain number of bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a size such as 5GB, 500MB or 2GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("direction", choices=["dcp-to-torch", "torch-to-dcp"])
-    parser.add_argument("src", type=Path)
-    parser.add_argument("dst", type=Path)
-    parser.add_argument("--all", action="store_true", help="dcp-to-torch: every key, not just the model")
+    sub = parser.add_subparsers(dest="direction", required=True)
+    p = sub.add_parser("dcp-to-torch", help="model weights (or everything) as one torch.save file")
+    p.add_argument("--all", action="store_true", help="every key, not just the model")
+    sub.add_parser("torch-to-dcp", help="a torch.save file as a titanlite checkpoint")
+    p = sub.add_parser("dcp-to-hf", help="the model as a Hugging Face Llama folder")
+    p.add_argument("--tokenizer", type=Path,
+                   help="tokenizer.json or its folder (default: the one the checkpoint records)")
+    p.add_argument("--max-shard-size", type=size_bytes, default="5GB",
+                   help="split model.safetensors into shards of at most this size (default 5GB)")
+    p.add_argument("--config", type=Path,
+                   help="the titanlite config.toml of the run, for checkpoints whose manifest does "
+                        "not record the model (default: the run's own config.toml)")
+    p.add_argument("--max-position-embeddings", type=int,
+                   help="context length in config.json (default: the trained sequence length, "
+                        "or 131072 for a model with Llama 3.1 RoPE scaling)")
+    sub.add_parser("hf-to-dcp", help="a Hugging Face Llama folder as a titanlite checkpoint")
+    for name, p in sub.choices.items():
+        p.add_argument("src", type=Path)
+        p.add_argument("dst", type=Path)
+        if name in ("dcp-to-hf", "hf-to-dcp"):
+            p.add_argument("--dtype", choices=list(EXPORT_DTYPES),
+                           help="dtype of the written weights (default: the source's)")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     try:
         if args.direction == "dcp-to-torch":
             dcp_to_torch(args.src, args.dst, args.all)
-        else:
+        elif args.direction == "torch-to-dcp":
             torch_to_dcp(args.src, args.dst)
-    except (CheckpointError, FileNotFoundError) as e:
+        else:
+            from titanlite import hf_checkpoint
+
+            dtype = EXPORT_DTYPES[args.dtype] if args.dtype else None
+            if args.direction == "dcp-to-hf":
+                hf_checkpoint.dcp_to_hf(
+                    args.src, args.dst, dtype=dtype, tokenizer=args.tokenizer, config=args.config,
+                    max_shard_size=args.max_shard_size,
+                    max_position_embeddings=args.max_position_embeddings, report=_stderr)
+            else:
+                hf_checkpoint.hf_to_dcp(args.src, args.dst, dtype=dtype, report=_stderr)
+    except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"convert_checkpoint: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.dst}")
+    print(f"wrote {args.dst} in {time.perf_counter() - start:.1f}s")
     return 0
 
 

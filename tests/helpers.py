@@ -67,3 +67,28 @@ def spawn(fn, world_size: int, *args) -> None:
 
     mp.start_processes(_spawn_entry, args=(fn, world_size, free_port(), args), nprocs=world_size,
                        start_method="spawn")
+
+
+def make_hf_llama(folder: Path, *, n_kv_heads: int = 16, dtype: str = "float32",
+                  vocab_size: int = 512, seed: int = 0, **save_kwargs) -> Path:
+    """A random Llama of the debug model's shape, written by transformers itself (its own init,
+    std 0.05 so that attention patterns matter, and norms away from 1 so that a mix-up of norm
+    weights shows)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=16,
+        num_key_value_heads=n_kv_heads, vocab_size=vocab_size, rms_norm_eps=1e-5,
+        max_position_embeddings=131072, initializer_range=0.05, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192})
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.to(getattr(torch, dtype)).save_pretrained(folder, **save_kwargs)
+    return folder

@@ -96,8 +96,11 @@ class RNGState(Stateful):
 class CheckpointManager:
     def __init__(self, cfg: Checkpoint, dump_folder: Path, *, model: nn.Module,
                  optimizer: torch.optim.Optimizer, lr_scheduler: Any, dataloader: Any,
-                 train_state: Stateful, config_hash: str, total_steps: int):
+                 train_state: Stateful, config_hash: str, total_steps: int,
+                 model_config: dict[str, Any] | None = None):
         self.cfg, self.total_steps, self.config_hash = cfg, total_steps, config_hash
+        # What the manifest records about the model (model_config_record).
+        self.model_config = model_config
         self.folder = Path(dump_folder) / cfg.folder
         self.model = model
         self.states: dict[str, Any] = {
@@ -182,6 +185,7 @@ class CheckpointManager:
             raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
 
     def _check_shapes(self, path: Path) -> None:
+        self._warn_model_differences(path)
         saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
         for key, value in get_model_state_dict(self.model).items():
             meta = saved.get(f"model.{key}")
@@ -191,6 +195,14 @@ class CheckpointManager:
                 raise CheckpointError(
                     f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the "
                     f"model (as configured) has {tuple(value.shape)}")
+
+    def _warn_model_differences(self, path: Path) -> None:
+        saved = (read_manifest(path).get("model_config") or {}).get("args")
+        mine = (self.model_config or {}).get("args")
+        differ = model_differences(saved, mine) if saved and mine else []
+        if differ and self.rank == 0:
+            logger.warning(f"{path} was saved from a model with other hyper-parameters: "
+                           + "; ".join(differ))
 
     # ----------------------------------------------------------------------------------------
     # saving
@@ -224,8 +236,10 @@ class CheckpointManager:
         dist.barrier(group=self.pg)
         state_dict = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in states.items()}
         info = {"step": step, "keys": list(states), "config_hash": self.config_hash,
-                "torch_version": torch.__version__, "titanlite_version": _version(),
+                "torch_version": torch.__version__, "titanlite_version": titanlite_version(),
                 "world_size": dist.get_world_size(), "saved_at": time.time()}
+        if self.model_config is not None:
+            info["model_config"] = self.model_config
         if self.executor is None or force_sync:
             self._write(state_dict, partial, final, info)
         else:
@@ -328,13 +342,39 @@ def _rebuild(node: Any) -> Any:
     return kind(children[i] for i in range(len(children)))
 
 
-def _version() -> str:
+def titanlite_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("titanlite")
     except PackageNotFoundError:
         return "unknown"
+
+
+def model_config_record(name: str, flavor: str | None, args: Any, tokenizer: Path | str | None) -> dict:
+    """What a manifest records about the model (`model_config`), so that tools such as
+    titanlite.hf_checkpoint know its shape without the run's config."""
+    return {"name": name, "flavor": flavor, "args": args.to_dict(),
+            "tokenizer": str(tokenizer) if tokenizer else None}
+
+
+def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list[str]:
+    """Model arguments that differ between a checkpoint's manifest and the configured model.
+    Hyper-parameters that change the function but not the shapes (heads, RoPE, norm epsilon)
+    escape the shape check; a checkpoint that records its model (e.g. one converted from
+    Hugging Face) is compared field by field, for a warning, not an error: changing rope_theta
+    to extend the context is a legitimate use. Not compared: what the shape check covers in
+    other terms (the FFN width's recipe), the RoPE table's length and the init recipe."""
+    def norm(args: dict[str, Any]) -> dict[str, Any]:
+        args = {k: v for k, v in args.items()
+                if k not in ("max_seq_len", "depth_init", "multiple_of", "ffn_dim_multiplier")}
+        if "n_kv_heads" in args:  # None means n_heads
+            args["n_kv_heads"] = args["n_kv_heads"] or args.get("n_heads")
+        return args
+
+    saved, configured = norm(saved), norm(configured)
+    return [f"{k} = {saved.get(k)} (checkpoint) vs {v} (configured)"
+            for k, v in configured.items() if saved.get(k) != v]
 
 
 def config_hash(config_toml: str) -> str:

@@ -12,6 +12,7 @@ import io
 import json
 import re
 import threading
+import warnings
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,8 +94,9 @@ class _ChecksummingFileSystem(FileSystem):
 class ChecksummingWriter(FileSystemWriter):
     """FileSystemWriter that records (size, crc32) of every file it writes, per rank."""
 
-    def __init__(self, path: Path):
-        super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+    def __init__(self, path: Path, single_file_per_rank: bool = True):
+        super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=True,
+                         overwrite=True)
         self.fs = _ChecksummingFileSystem()
         self.path = self.fs.init_path(path)
 
@@ -194,17 +196,29 @@ def load_full_state_dict(path: Path, keys: list[str] | None = None) -> dict[str,
     return {k: v for k, v in sd.items() if keys is None or k in keys}
 
 
-def save_full_state_dict(sd: dict[str, Any], path: Path, info: dict[str, Any]) -> None:
-    """Write full tensors as a complete titanlite checkpoint (manifest included) from one process."""
+def save_full_state_dict(sd: dict[str, Any], path: Path, info: dict[str, Any], *,
+                         planner: Any = None, file_per_tensor: bool = False) -> None:
+    """Write full tensors as a complete titanlite checkpoint (manifest included) from one process.
+    `file_per_tensor` bounds memory when `planner` produces the tensors lazily (torch's
+    single-file writer keeps every tensor of a file alive until the file is closed)."""
+    import shutil
+
     import torch.distributed.checkpoint as dcp
 
     if path.exists():
         raise CheckpointError(f"{path} already exists; refusing to overwrite it")
     partial = path.with_name(f".{path.name}.partial")
-    writer = ChecksummingWriter(partial)
-    dcp.save(sd, storage_writer=writer, no_dist=True)
-    records = {n: r for n, r in writer.records.items() if not n.endswith(".tmp")}
-    records[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
-                            "crc32": file_crc32(partial / ".metadata")}
-    write_manifest(partial, records, {**info, "keys": sorted(sd)})
-    partial.rename(path)
+    shutil.rmtree(partial, ignore_errors=True)  # a save of ours that died part-way
+    writer = ChecksummingWriter(partial, single_file_per_rank=not file_per_tensor)
+    try:
+        with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": we know
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(sd, storage_writer=writer, planner=planner, no_dist=True)
+        records = {n: r for n, r in writer.records.items() if not n.endswith(".tmp")}
+        records[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
+                                "crc32": file_crc32(partial / ".metadata")}
+        write_manifest(partial, records, {**info, "keys": sorted(sd)})
+        partial.rename(path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

@@ -63,6 +63,19 @@ def check_environment(job: JobConfig) -> None:
             ) from None
 
 
+def model_args(job: JobConfig, vocab_size: int):
+    """The model's hyper-parameters: the flavor with the [model] overrides, the tokenizer's
+    vocabulary and the training sequence length (the RoPE table's size)."""
+    from models import MODELS
+
+    m = job.model
+    return MODELS[m.name].flavors[m.flavor].with_overrides(
+        vocab_size=vocab_size, max_seq_len=job.training.seq_len, dim=m.dim, n_layers=m.n_layers,
+        n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, multiple_of=m.multiple_of,
+        ffn_dim_multiplier=m.ffn_dim_multiplier, norm_eps=m.norm_eps, rope_theta=m.rope_theta,
+    )
+
+
 def check(job: JobConfig, world_size: int, device: str | None = None,
           vocab_size: int | None = None) -> Preflight:
     """Raise ConfigError (or a subclass of ValueError / EnvironmentProblem) on the first problem.
@@ -89,12 +102,7 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
         vocab_size = Tokenizer(tokenizer_path).vocab_size
     else:  # a dry run planning for files that live on the cluster
         tokenizer_path = Path(job.model.tokenizer_path)
-    m = job.model
-    args = spec.flavors[m.flavor].with_overrides(
-        vocab_size=vocab_size, max_seq_len=job.training.seq_len, dim=m.dim, n_layers=m.n_layers,
-        n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, multiple_of=m.multiple_of,
-        ffn_dim_multiplier=m.ffn_dim_multiplier, norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-    )
+    args = model_args(job, vocab_size)
     try:
         args.check()
     except ValueError as e:

@@ -24,7 +24,7 @@ from parallelisms import PARALLELIZE_FNS, ParallelizeOptions, loss_context
 from parallelisms.float8 import register_scale_precompute
 from titanlite import config as config_lib
 from titanlite import distributed, preflight
-from titanlite.checkpoint import CheckpointManager, config_hash
+from titanlite.checkpoint import CheckpointManager, config_hash, model_config_record
 from titanlite.config_schema import JobConfig
 from titanlite.data import Tokenizer, build_dataloader
 from titanlite.float8 import float8_options
@@ -128,7 +128,9 @@ class Trainer:
             job.checkpoint, self.dump_folder, model=model, optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler, dataloader=self.dataloader,
             train_state=self.train_state, config_hash=config_hash(config_lib.to_toml(job)),
-            total_steps=t.steps)
+            total_steps=t.steps,
+            model_config=model_config_record(job.model.name, job.model.flavor, pre.model_args,
+                                             pre.tokenizer_path))
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
         tokens_per_device = t.local_batch_size * t.seq_len * self.grad_accum_steps / self.dims.tp

@@ -3,7 +3,7 @@ TorchTitan; 8B/70B/405B are the published Llama 3.1 shapes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,22 @@ class LlamaArgs:
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able data (what a checkpoint's manifest records)."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LlamaArgs:
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown model argument(s) {', '.join(unknown)}")
+        d = dict(d)
+        if d.get("rope_scaling") is not None:
+            factor, low, high, ctx = d["rope_scaling"]
+            d["rope_scaling"] = (float(factor), float(low), float(high), int(ctx))
+        return cls(**d)
 
     def with_overrides(self, **overrides: object) -> LlamaArgs:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,256 @@
+"""Hugging Face `LlamaForCausalLM` <-> titanlite Llama: parameter names, the RoPE q/k
+permutation and the config. Pure functions of names, tensors, dicts and LlamaArgs; the files
+(DCP, safetensors) are titanlite.hf_checkpoint's business.
+
+RoPE: titanlite rotates adjacent pairs (x[2k], x[2k+1]) of each head as complex numbers (Meta's
+original layout); Hugging Face rotates the halves (x[k], x[k + head_dim/2]) (`rotate_half`).
+So the rows of the q and k projections are permuted within each head: HF row j*head_dim/2 + k
+is titanlite row 2k + j. q and k are permuted alike, so q.k is unchanged and v, o need nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from models.llama.args import FLAVORS, LlamaArgs
+
+# titanlite key -> HF key; {i} is the layer number.
+_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "layers.{i}.attention_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "layers.{i}.attention.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "layers.{i}.attention.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "layers.{i}.attention.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "layers.{i}.attention.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "layers.{i}.feed_forward.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "layers.{i}.feed_forward.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = re.compile(r"(?<=layers\.)(\d+)(?=\.)")
+_TO_HF = _NAMES
+_FROM_HF = {v: k for k, v in _NAMES.items()}
+# The context of the Llama 3.1 flavors (the LlamaArgs default), which their RoPE scaling serves.
+LLAMA31_CONTEXT = LlamaArgs().max_seq_len
+# Non-parameter buffers some older HF checkpoints carry; derived from the config, never loaded.
+HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+class HFConfigError(ValueError):
+    """An HF config that titanlite's Llama cannot represent; the message names the field."""
+
+
+def _rename(key: str, table: dict[str, str]) -> str:
+    template = _LAYER.sub("{i}", key, count=1)
+    if template not in table:
+        raise KeyError(key)
+    m = _LAYER.search(key)
+    return table[template].format(i=m.group(1) if m else "")
+
+
+def to_hf_name(key: str) -> str:
+    """titanlite state-dict key -> HF key (KeyError for a key that is not a Llama parameter)."""
+    return _rename(key, _TO_HF)
+
+
+def from_hf_name(name: str) -> str:
+    """HF key -> titanlite state-dict key (KeyError for a key that is not a Llama parameter)."""
+    return _rename(name, _FROM_HF)
+
+
+def permute_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Rows of a q/k projection from interleaved pairs (titanlite) to halves (HF), per head."""
+    rows, cols = w.shape
+    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def permute_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of permute_to_hf."""
+    rows, cols = w.shape
+    return w.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _heads(key: str, args: LlamaArgs) -> int | None:
+    if key.endswith("attention.wq.weight"):
+        return args.n_heads
+    if key.endswith("attention.wk.weight"):
+        return args.kv_heads
+    return None
+
+
+def hf_source_name(key: str, tied_embeddings: bool) -> str:
+    """The HF tensor that titanlite parameter `key` is read from: with tie_word_embeddings (as
+    Llama 3.2 1B/3B), the untied output head starts as a copy of the embedding."""
+    if tied_embeddings and key == "output.weight":
+        return _NAMES["tok_embeddings.weight"]
+    return to_hf_name(key)
+
+
+def to_hf_tensor(key: str, t: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
+    """The HF value of titanlite parameter `key` (a view where no permutation is needed)."""
+    heads = _heads(key, args)
+    return t if heads is None else permute_to_hf(t, heads)
+
+
+def from_hf_tensor(key: str, t: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
+    """The titanlite value of parameter `key` (titanlite name) from its HF tensor."""
+    heads = _heads(key, args)
+    return t if heads is None else permute_from_hf(t, heads)
+
+
+def state_dict_shapes(args: LlamaArgs) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the titanlite model for `args`, in state-dict order, with its shape
+    (from the model itself, built on the meta device: no memory, no drift from model.py)."""
+    from models.llama.model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+
+
+def hf_config(args: LlamaArgs, *, dtype: torch.dtype, max_position_embeddings: int | None = None,
+              bos_token_id: int | None = None, eos_token_id: int | None = None) -> dict[str, Any]:
+    """The config.json of `LlamaForCausalLM` for `args`. RoPE is written both ways: `rope_theta`
+    + `rope_scaling` (transformers 4.x, the published Llama 3.1 files) and `rope_parameters`
+    (transformers 5). `max_position_embeddings` defaults to args.max_seq_len (for a trained
+    checkpoint: its training sequence length), raised to Llama 3.1's 131072 when the model uses
+    Llama 3.1 RoPE scaling (the context that scaling is for; transformers also wants it above
+    the scaling's original context)."""
+    rope_scaling = None
+    if args.rope_scaling is not None:
+        factor, low, high, ctx = args.rope_scaling
+        rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                        "high_freq_factor": high, "original_max_position_embeddings": ctx}
+    if max_position_embeddings is None:
+        max_position_embeddings = max(args.max_seq_len, LLAMA31_CONTEXT if args.rope_scaling else 0)
+    theta = float(args.rope_theta)
+    rope_parameters = {"rope_type": "default", "rope_theta": theta} if rope_scaling is None \
+        else {**rope_scaling, "rope_theta": theta}
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": float(args.norm_eps),
+        "rope_theta": theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": rope_parameters,
+        "vocab_size": args.vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if bos_token_id is not None:
+        cfg["bos_token_id"] = bos_token_id
+    if eos_token_id is not None:
+        cfg["eos_token_id"] = eos_token_id
+    return cfg
+
+
+def _field(cfg: dict[str, Any], name: str, default: Any = KeyError) -> Any:
+    if name in cfg and cfg[name] is not None:
+        return cfg[name]
+    if default is KeyError:
+        raise HFConfigError(f"config.json has no {name}")
+    return default
+
+
+def _require(cfg: dict[str, Any], name: str, ok: Any, expected: str, default: Any = None) -> None:
+    value = cfg.get(name, default)
+    if value is None:
+        value = default
+    if value not in ok:
+        raise HFConfigError(f"config.json: {name} = {value!r}: titanlite's Llama needs {expected}")
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:
+    """(rope_theta, Llama 3.1 scaling or None) from transformers 5's rope_parameters or 4's
+    rope_theta + rope_scaling."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or None
+    if scaling is None and params.get("rope_type", params.get("type", "default")) != "default":
+        scaling = params
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if scaling is None:
+        return float(theta), None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    where = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    if kind == "default":
+        return float(theta), None
+    if kind != "llama3":
+        raise HFConfigError(f"config.json: {where}.rope_type = {kind!r}: titanlite's Llama supports "
+                            "the default RoPE and Llama 3.1's 'llama3' scaling only")
+    try:
+        ctx = scaling.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+        return float(theta), (float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                              float(scaling["high_freq_factor"]), int(ctx))
+    except (KeyError, TypeError) as e:
+        raise HFConfigError(f"config.json: {where} (llama3) lacks {e}") from None
+
+
+def _ffn_args(dim: int, hidden: int) -> tuple[int, float | None]:
+    """(multiple_of, ffn_dim_multiplier) that give FFN width `hidden` for `dim`: a flavor's or
+    the default pair when one fits, else an exact pair."""
+    candidates = [(f.multiple_of, f.ffn_dim_multiplier) for f in FLAVORS.values()]
+    base = int(2 * (4 * dim) / 3)
+    candidates.append((hidden, None if base <= hidden else hidden / base))
+    for multiple_of, mult in candidates:
+        if LlamaArgs(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=mult).ffn_hidden_dim == hidden:
+            return multiple_of, mult
+    raise HFConfigError(f"config.json: intermediate_size = {hidden} cannot be expressed")  # unreachable
+
+
+def args_from_hf_config(cfg: dict[str, Any]) -> LlamaArgs:
+    """LlamaArgs for an HF config.json; HFConfigError names the first field titanlite's Llama
+    cannot represent."""
+    _require(cfg, "model_type", {"llama"}, "'llama'")
+    archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+    if "LlamaForCausalLM" not in archs:
+        raise HFConfigError(f"config.json: architectures = {archs}: titanlite's Llama needs "
+                            "LlamaForCausalLM")
+    _require(cfg, "hidden_act", {"silu"}, "'silu'", "silu")
+    _require(cfg, "attention_bias", {False}, "false", False)
+    _require(cfg, "mlp_bias", {False}, "false", False)
+    dim, n_heads = int(_field(cfg, "hidden_size")), int(_field(cfg, "num_attention_heads"))
+    if dim % n_heads:
+        raise HFConfigError(f"config.json: hidden_size = {dim} is not divisible by "
+                            f"num_attention_heads = {n_heads}")
+    head_dim = _field(cfg, "head_dim", dim // n_heads)
+    if head_dim != dim // n_heads:
+        raise HFConfigError(f"config.json: head_dim = {head_dim}: titanlite's Llama needs "
+                            f"hidden_size / num_attention_heads = {dim // n_heads}")
+    theta, scaling = _rope(cfg)
+    multiple_of, mult = _ffn_args(dim, int(_field(cfg, "intermediate_size")))
+    args = LlamaArgs(
+        dim=dim, n_layers=int(_field(cfg, "num_hidden_layers")), n_heads=n_heads,
+        n_kv_heads=int(_field(cfg, "num_key_value_heads", n_heads)),
+        vocab_size=int(_field(cfg, "vocab_size")), multiple_of=multiple_of,
+        ffn_dim_multiplier=mult, norm_eps=float(_field(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_scaling=scaling,
+        max_seq_len=int(_field(cfg, "max_position_embeddings", 2048)),
+    )
+    try:
+        args.check()
+    except ValueError as e:
+        raise HFConfigError(f"config.json: {e}") from None
+    return args

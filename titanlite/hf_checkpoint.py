@@ -1,0 +1,496 @@
+"""Hugging Face interop: a titanlite DCP checkpoint (any layout) <-> a Hugging Face Llama folder
+(`config.json`, `model.safetensors` or shards with an index, tokenizer files), streaming.
+
+    dcp_to_hf(Path("outputs/checkpoint/step-1000"), Path("hf/my-llama"))
+    hf_to_dcp(Path("Meta-Llama-3.1-8B"), Path("outputs/checkpoint-init/step-0"))
+
+Streaming: one parameter is read, converted and written at a time, then dropped. The
+safetensors format (an 8-byte header length, a JSON header giving each tensor's dtype, shape
+and byte range, then the raw little-endian bytes) is read and written here directly: the header
+is known before any tensor is, so each tensor goes to disk as soon as it is converted. DCP
+checkpoints are read one tensor at a time through DCP's own reader (any layout, resharded on
+read) and written one file per tensor (torch's single-file DCP writer keeps a file's tensors
+alive until the file is closed), with titanlite's manifest, so `checkpoint.initial_load_path`
+and `python -m titanlite.checkpoint verify` accept the result.
+
+Nothing here imports transformers, and nothing is unpickled from a Hugging Face folder: pickle
+weights (`pytorch_model.bin`) are refused. (A DCP checkpoint's `.metadata` is unpickled by torch's
+DCP reader, as for every DCP load.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+
+from models.llama import hf_mapping as hf
+from models.llama.args import LlamaArgs
+from titanlite import checkpoint
+from titanlite.checkpoint_storage import (
+    CheckpointError,
+    read_manifest,
+    save_full_state_dict,
+    verify,
+)
+
+MODEL_NAME = "llama3"
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # as transformers' save_pretrained
+Report = Callable[[str], None]
+
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+_MAX_HEADER = 100 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors, streamed
+
+
+@dataclass(frozen=True)
+class _Entry:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int  # absolute byte offsets in the file
+    end: int
+
+
+def _nbytes(shape: Iterable[int], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def read_safetensors_header(path: Path) -> dict[str, _Entry]:
+    """The tensors of a safetensors file, checked: known dtypes, sizes that match the shapes,
+    byte ranges that tile the file exactly."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: not a valid safetensors file ({why})")
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise bad("shorter than its header")
+        (n,) = struct.unpack("<Q", raw)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise bad(f"header length {n} for a file of {size} bytes")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise bad(f"header is not JSON: {e}") from None
+    entries, base = {}, 8 + n
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = _ST_NAMES[e["dtype"]], tuple(e["shape"]), e["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"tensor {name}: unreadable entry {e}") from None
+        if end - start != _nbytes(shape, dtype):
+            raise bad(f"tensor {name}: {end - start} bytes for shape {list(shape)} {e['dtype']}")
+        entries[name] = _Entry(path, dtype, shape, base + start, base + end)
+    pos = base
+    for name, e in sorted(entries.items(), key=lambda kv: kv[1].start):
+        if e.start != pos:
+            raise bad(f"tensor {name} starts at byte {e.start}, expected {pos}")
+        pos = e.end
+    if pos != size:
+        raise bad(f"data ends at byte {pos}, the file has {size} (truncated?)")
+    return entries
+
+
+def _read_tensor(f: BinaryIO, e: _Entry) -> torch.Tensor:
+    buf = torch.empty(e.end - e.start, dtype=torch.uint8)
+    f.seek(e.start)
+    if f.readinto(memoryview(buf.numpy())) != e.end - e.start:
+        raise CheckpointError(f"{e.file}: truncated")
+    return buf.view(e.dtype).reshape(e.shape)
+
+
+class _SafetensorsWriter:
+    """Writes the header for `entries` (name, shape, dtype) at once, then each tensor in turn."""
+
+    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]):
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape, dtype in entries:
+            n = _nbytes(shape, dtype)
+            header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
+                            "data_offsets": [offset, offset + n]}
+            offset += n
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+        self.path, self.pending = path, list(entries)
+        self.f = path.open("xb")
+        self.f.write(struct.pack("<Q", len(raw)) + raw)
+
+    def write(self, name: str, t: torch.Tensor) -> None:
+        want = self.pending.pop(0)
+        if (name, tuple(t.shape), t.dtype) != want:
+            raise AssertionError(f"{self.path}: got {name} {tuple(t.shape)} {t.dtype}, expected {want}")
+        self.f.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
+
+    def close(self) -> None:
+        if self.pending:
+            raise AssertionError(f"{self.path}: {len(self.pending)} tensors never written")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# shared pieces
+
+
+class _Progress:
+    """`[i/N] name  done/total MiB  elapsed` lines, one per tensor."""
+
+    def __init__(self, total: int, total_bytes: int, report: Report | None):
+        self.total, self.total_bytes, self.report = total, total_bytes, report
+        self.i, self.done, self.start = 0, 0, time.perf_counter()
+
+    def tick(self, name: str, nbytes: int) -> None:
+        self.i += 1
+        self.done += nbytes
+        if self.report:
+            self.report(f"[{self.i}/{self.total}] {name}  {self.done / 2**20:,.1f}/"
+                        f"{self.total_bytes / 2**20:,.1f} MiB  {time.perf_counter() - self.start:.1f}s")
+
+
+def _describe(args: LlamaArgs) -> str:
+    return (f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads, {args.kv_heads} kv "
+            f"heads, vocab {args.vocab_size}")
+
+
+def _check_tensors(have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]],
+                   where: str, args: LlamaArgs) -> None:
+    """Missing, mis-shaped or unexpected tensors -> one line naming the first of them."""
+    missing = [k for k in want if k not in have]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{where} has no tensor {missing[0]}{more}, which the model "
+                              f"({_describe(args)}) needs")
+    for k, shape in want.items():
+        if tuple(have[k]) != tuple(shape):
+            raise CheckpointError(f"{where}: tensor {k} has shape {tuple(have[k])}, the model "
+                                  f"({_describe(args)}) needs {tuple(shape)}")
+    extra = [k for k in have if k not in want]
+    if extra:
+        raise CheckpointError(f"{where} has tensor {extra[0]}, which a Llama model "
+                              f"({_describe(args)}) does not have")
+
+
+def _start_output(dst: Path) -> Path:
+    """The folder to write into; renamed to `dst` only once complete. Never overwrites."""
+    if dst.exists():
+        raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
+    partial = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a conversion of ours that died part-way
+    partial.mkdir(parents=True)
+    return partial
+
+
+# ---------------------------------------------------------------------------------------------
+# DCP -> HF
+
+
+class _DcpTensors:
+    """One tensor at a time, whole, from a DCP checkpoint of any layout."""
+
+    def __init__(self, path: Path):
+        self.reader = FileSystemReader(str(path))
+        self.metadata = self.reader.read_metadata()
+        self.reader.read_metadata = lambda *a, **k: self.metadata  # read once, not per tensor
+
+    def shapes(self, prefix: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {fqn[len(prefix):]: (tuple(md.size), md.properties.dtype)
+                for fqn, md in self.metadata.state_dict_metadata.items()
+                if fqn.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+
+    def load(self, fqn: str) -> torch.Tensor:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        md = self.metadata.state_dict_metadata[fqn]
+        t = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        _load_state_dict({fqn: t}, storage_reader=self.reader, planner=DefaultLoadPlanner(),
+                         no_dist=True)
+        return t
+
+
+def _model_of_checkpoint(src: Path, manifest: dict, vocab_size: int,
+                         config: Path | None) -> tuple[LlamaArgs, Path | None]:
+    """The model args (and tokenizer, if known) of a checkpoint: from its manifest's
+    `model_config`, else from a config.toml: `config`, or the run's own in the dump folder
+    (`step-N/../../config.toml`, or an earlier one kept as `config.<time>.toml`) whose hash is
+    the manifest's `config_hash`."""
+    recorded = manifest.get("model_config")
+    if config is None and recorded:
+        if recorded.get("name", MODEL_NAME) != MODEL_NAME:
+            raise CheckpointError(f"{src}: model {recorded['name']!r} has no Hugging Face mapping")
+        tok = recorded.get("tokenizer")
+        return _checked(src, lambda: LlamaArgs.from_dict(recorded["args"])), Path(tok) if tok else None
+    if config is None:
+        dump = src.resolve().parent.parent
+        found = [c for c in [dump / "config.toml", *sorted(dump.glob("config.*.toml"))]
+                 if c.is_file() and checkpoint.config_hash(c.read_text()) == manifest.get("config_hash")]
+        if not found:
+            raise CheckpointError(
+                f"{src}: cannot tell the model's shape: its manifest has no model_config (saved "
+                f"by an older titanlite) and {dump} has no config.toml of the run that saved it; "
+                "pass --config with that run's config")
+        config = found[0]
+    from titanlite import config as config_lib
+    from titanlite.data import TokenizerError, resolve_tokenizer_path
+    from titanlite.preflight import model_args
+
+    job = config_lib.load(["--config", str(config)])
+    try:
+        tokenizer: Path | None = resolve_tokenizer_path(job.model.tokenizer_path)
+    except TokenizerError:
+        tokenizer = Path(job.model.tokenizer_path)  # reported as missing when it is used
+    return _checked(config, lambda: model_args(job, vocab_size)), tokenizer
+
+
+def _checked(where: Path, make: Callable[[], LlamaArgs]) -> LlamaArgs:
+    try:
+        args = make()
+        args.check()
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{where}: no valid Llama model described ({e})") from None
+    return args
+
+
+def _tokenizer_files(tokenizer: Path, vocab_size: int) -> tuple[Path, dict[str, Any], int, int]:
+    """(tokenizer.json, tokenizer_config.json content for transformers, bos id, eos id)."""
+    from titanlite.data import Tokenizer, TokenizerError
+
+    path = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+    if not path.is_file():
+        raise CheckpointError(f"tokenizer {path} does not exist")
+    try:
+        tok = Tokenizer(path)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from None
+    if tok.vocab_size > vocab_size:
+        raise CheckpointError(f"tokenizer {path} has {tok.vocab_size} tokens, more than the "
+                              f"model's vocab_size {vocab_size}: it is not this model's tokenizer")
+    cfg_path = path.parent / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    cfg.setdefault("bos_token", tok.decode([tok.bos_id]))
+    cfg.setdefault("eos_token", tok.decode([tok.eos_id]))
+    return path, cfg, tok.bos_id, tok.eos_id
+
+
+def _shards(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_bytes: int) -> list[list]:
+    shards: list[list] = [[]]
+    size = 0
+    for e in entries:
+        n = _nbytes(e[1], e[2])
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += n
+    return shards
+
+
+def dcp_to_hf(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
+              tokenizer: Path | None = None, config: Path | None = None,
+              max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+              max_position_embeddings: int | None = None, report: Report | None = None) -> None:
+    """Write the model of titanlite checkpoint `src` as a Hugging Face Llama folder `dst`.
+
+    `dtype` (default: the checkpoint's), `tokenizer` (a tokenizer.json or its folder; default:
+    the one the checkpoint records, skipped with a note when it cannot be found), `config` (a
+    titanlite config.toml, for checkpoints whose manifest does not record the model)."""
+    if dst.exists():
+        raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
+    problems = verify(src, checksums=False)
+    if problems:
+        raise CheckpointError("; ".join(problems[:3]))
+    manifest = read_manifest(src)
+    reader = _DcpTensors(src)
+    saved = reader.shapes("model.")
+    if not saved:
+        raise CheckpointError(f"{src} holds no model weights (keys: {', '.join(manifest.get('keys', []))})")
+    if "tok_embeddings.weight" not in saved:
+        raise CheckpointError(f"{src} has no tensor tok_embeddings.weight: not a Llama checkpoint")
+    args, recorded_tok = _model_of_checkpoint(src, manifest, saved["tok_embeddings.weight"][0][0], config)
+    _check_tensors({k: s for k, (s, _) in saved.items()}, hf.state_dict_shapes(args), str(src), args)
+
+    tok = None
+    if tokenizer is not None:
+        tok = _tokenizer_files(tokenizer, args.vocab_size)
+    elif recorded_tok is not None:
+        try:
+            tok = _tokenizer_files(recorded_tok, args.vocab_size)
+        except CheckpointError as e:
+            if report:
+                report(f"note: no tokenizer files written ({e}); pass --tokenizer")
+    elif report:
+        report("note: the checkpoint records no tokenizer; pass --tokenizer to include one")
+
+    keys = list(hf.state_dict_shapes(args))
+    out_dtype = {k: dtype or saved[k][1] for k in keys}
+    entries = [(hf.to_hf_name(k), saved[k][0], out_dtype[k]) for k in keys]
+    by_name = dict(zip((e[0] for e in entries), keys))
+    shards = _shards(entries, max_shard_size)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    cfg = hf.hf_config(args, dtype=out_dtype["tok_embeddings.weight"],
+                       max_position_embeddings=max_position_embeddings,
+                       bos_token_id=tok[2] if tok else None, eos_token_id=tok[3] if tok else None)
+    total = sum(_nbytes(s, d) for _, s, d in entries)
+    progress = _Progress(len(entries), total, report)
+
+    partial = _start_output(dst)
+    try:
+        (partial / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if tok:
+            shutil.copyfile(tok[0], partial / "tokenizer.json")
+            (partial / "tokenizer_config.json").write_text(json.dumps(tok[1], indent=2) + "\n")
+        for name, shard in zip(names, shards):
+            writer = _SafetensorsWriter(partial / name, shard)
+            for hf_name, shape, d in shard:
+                key = by_name[hf_name]
+                t = hf.to_hf_tensor(key, reader.load(f"model.{key}"), args).to(d)
+                writer.write(hf_name, t)
+                progress.tick(hf_name, _nbytes(shape, d))
+                del t
+            writer.close()
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": total},
+                     "weight_map": {e[0]: n for n, shard in zip(names, shards) for e in shard}}
+            (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        partial.rename(dst)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# HF -> DCP
+
+
+def _hf_tensors(src: Path) -> dict[str, _Entry]:
+    """name -> where it lies, over model.safetensors or the shards of its index."""
+    index_path = src / "model.safetensors.index.json"
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{index_path}: unreadable index ({e})") from None
+        files = sorted(set(weight_map.values()))
+    elif (src / "model.safetensors").is_file():
+        weight_map, files = None, ["model.safetensors"]
+    elif list(src.glob("pytorch_model*.bin")) or (src / "consolidated.00.pth").is_file():
+        raise CheckpointError(
+            f"{src} holds pickle weights only (pytorch_model.bin / .pth); titanlite reads "
+            "safetensors only, never pickle: re-save them with transformers' "
+            "save_pretrained(..., safe_serialization=True)")
+    else:
+        raise CheckpointError(f"{src} has no model.safetensors (nor an index of shards)")
+    out: dict[str, _Entry] = {}
+    for name in files:
+        path = src / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} (named in {index_path.name}) is missing")
+        for tensor, entry in read_safetensors_header(path).items():
+            if tensor in out:
+                raise CheckpointError(f"tensor {tensor} is in both {out[tensor].file} and {path}")
+            out[tensor] = entry
+    for tensor, name in (weight_map or {}).items():
+        if tensor not in out or out[tensor].file.name != name:
+            raise CheckpointError(f"{index_path}: tensor {tensor} is not in {name}")
+    return out
+
+
+class _StreamingSavePlanner(DefaultSavePlanner):
+    """Plans the save from placeholder tensors (right shape and dtype, no memory) and produces
+    each real tensor only when the writer asks for it."""
+
+    def __init__(self, produce: Callable[[str], torch.Tensor]):
+        super().__init__()
+        self.produce = produce
+
+    def resolve_data(self, write_item: WriteItem) -> Any:
+        if write_item.type == WriteItemType.BYTE_IO:
+            return super().resolve_data(write_item)
+        return self.produce(write_item.index.fqn)
+
+
+def read_hf_config(src: Path) -> tuple[dict[str, Any], LlamaArgs]:
+    path = src / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{src} has no config.json: not a Hugging Face model folder")
+    try:
+        cfg = json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    try:
+        return cfg, hf.args_from_hf_config(cfg)
+    except hf.HFConfigError as e:
+        raise CheckpointError(f"{src}/{e}") from None
+
+
+def hf_to_dcp(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
+              report: Report | None = None) -> None:
+    """Write the Hugging Face Llama folder `src` as a complete titanlite checkpoint `dst`
+    (model weights, manifest), usable as `checkpoint.initial_load_path` on any layout.
+    `dtype` defaults to each tensor's own."""
+    if dst.exists():
+        raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
+    cfg, args = read_hf_config(src)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    tensors = _hf_tensors(src)
+    shapes = hf.state_dict_shapes(args)
+    source = {k: hf.hf_source_name(k, tied) for k in shapes}
+    have = {n: e.shape for n, e in tensors.items() if not hf.HF_IGNORED.match(n)}
+    _check_tensors(have, {source[k]: s for k, s in shapes.items()}, str(src), args)
+
+    out_dtype = {k: dtype or tensors[source[k]].dtype for k in shapes}
+    placeholders = {k: torch.empty((), dtype=out_dtype[k]).expand(s) for k, s in shapes.items()}
+    progress = _Progress(len(shapes), sum(_nbytes(s, out_dtype[k]) for k, s in shapes.items()), report)
+    files: dict[Path, BinaryIO] = {}
+
+    def produce(fqn: str) -> torch.Tensor:
+        key = fqn.removeprefix("model.")
+        entry = tensors[source[key]]
+        if entry.file not in files:
+            files[entry.file] = entry.file.open("rb")
+        t = hf.from_hf_tensor(key, _read_tensor(files[entry.file], entry), args)
+        t = t.to(out_dtype[key]).contiguous()
+        progress.tick(key, t.nbytes)
+        return t
+
+    tok = src / "tokenizer.json"
+    info = {"step": 0, "converted_from": str(src.resolve()), "torch_version": torch.__version__,
+            "titanlite_version": checkpoint.titanlite_version(), "saved_at": time.time(),
+            "model_config": checkpoint.model_config_record(MODEL_NAME, None, args,
+                                                            tok.resolve() if tok.is_file() else None)}
+    try:
+        save_full_state_dict({"model": placeholders}, dst, info,
+                             planner=_StreamingSavePlanner(produce), file_per_tensor=True)
+    finally:
+        for f in files.values():
+            f.close()
+
