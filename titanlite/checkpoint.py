@@ -47,6 +47,7 @@ from titanlite.checkpoint_storage import (
     write_manifest,
 )
 from titanlite.config_schema import Checkpoint
+from titanlite.distributed import shared_check
 from titanlite.logging import logger
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -171,13 +172,9 @@ class CheckpointManager:
 
     def _check_files(self, path: Path) -> None:
         """Each rank checksums a share of the files; all agree before anything is read."""
-        manifest = read_manifest(path)
-        world = dist.get_world_size()
-        mine = [n for i, n in enumerate(sorted(manifest["files"])) if i % world == self.rank]
-        problems = verify(path, files=mine)
-        everyone: list[list[str]] = [[] for _ in range(world)]
-        dist.all_gather_object(everyone, problems, group=self.pg)
-        found = sorted({p for ps in everyone for p in ps})
+        names = sorted(read_manifest(path)["files"])
+        found = shared_check(len(names), lambda mine: verify(path, files=[names[i] for i in mine]),
+                             self.pg)
         if found:
             raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
 

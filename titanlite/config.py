@@ -267,6 +267,14 @@ def validate(cfg: JobConfig) -> None:
                 f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r}: "
                 "expected a positive integer (every N-th block) or 'op'"
             )
+    v = cfg.validation
+    if v.enabled and not v.dataset_path:
+        raise ConfigError(
+            "[validation] enabled = true needs validation.dataset_path (held-out text or prepared "
+            "shards)"
+        )
+    if v.steps == 0 or v.steps < -1:
+        raise ConfigError(f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer")
     p = cfg.parallelism
     if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
         raise ConfigError(

@@ -8,6 +8,7 @@ import types
 import numpy as np
 import pytest
 
+from titanlite import preflight
 from titanlite.data import (
     BUILTIN_DATASETS,
     DatasetError,
@@ -208,7 +209,7 @@ def _copy(src, dst):
     return dst
 
 
-def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path):
+def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path, capsys):
     assert isinstance(open_dataset(prepared, tok), ShardSet)
     assert isinstance(open_dataset(CORPUS, tok), list)
     # A flipped byte: only the checksum sees it.
@@ -225,6 +226,8 @@ def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path):
     (cut / "shard_00001.bin").write_bytes((cut / "shard_00001.bin").read_bytes()[:-2])
     with pytest.raises(DatasetError, match=r"shard file .*shard_00001.bin has \d+ bytes, the manifest says"):
         open_dataset(cut, tok)
+    assert preflight.main(["--training.dataset_path", str(cut)]) == 2  # one line, exit 2
+    assert f"titanlite: error: training.dataset_path: shard file {cut / 'shard_00001.bin'}" in capsys.readouterr().err
     # A manifest from another tokenizer.
     other = _copy(prepared, tmp_path / "other")
     m = json.loads((other / "manifest.json").read_text())

@@ -38,7 +38,8 @@ def dtype_for(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 
 
-def manifest_path(path: Path) -> Path:
+def manifest_path(path: Path | str) -> Path:
+    path = Path(path)
     return path if path.name == MANIFEST else path / MANIFEST
 
 
@@ -64,7 +65,7 @@ def read_manifest(path: Path, key: str = "training.dataset_path") -> dict[str, A
 class ShardSet:
     """The shards of a manifest as one token stream, read through memory maps."""
 
-    def __init__(self, path: Path, key: str = "training.dataset_path"):
+    def __init__(self, path: Path | str, key: str = "training.dataset_path"):
         self.manifest_file, self.key = manifest_path(path), key
         self.root = self.manifest_file.parent
         self.manifest = read_manifest(self.manifest_file, key)
