@@ -273,6 +273,11 @@ def validate(cfg: JobConfig) -> None:
             "[validation] enabled = true needs validation.dataset_path (held-out text or prepared "
             "shards)"
         )
+    if v.seq_len is not None and v.seq_len > t.seq_len:
+        raise ConfigError(
+            f"[validation] seq_len = {v.seq_len} is longer than training.seq_len = {t.seq_len}, "
+            "the longest sequence the model's position table covers"
+        )
     if v.steps == 0 or v.steps < -1:
         raise ConfigError(f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer")
     p = cfg.parallelism

@@ -129,6 +129,8 @@ def test_torchtitan_toml_loads_unchanged(tmp_path):
     ("", ["--parallelism.pipeline_parallel_degree", "2"], "not supported by titanlite yet"),
     ("[validation]\nenabled = true\n", [], "[validation] enabled = true needs validation.dataset_path"),
     ("", ["--validation.steps", "0"], "[validation] steps = 0: expected -1"),
+    ("", ["--validation.seq_len", "4096", "--training.seq_len", "2048"],
+     "[validation] seq_len = 4096 is longer than training.seq_len = 2048"),
     ("", ["--training.global_batch_size", "12", "--training.local_batch_size", "8"],
      "global_batch_size = 12 is not a multiple of local_batch_size = 8"),
     ("", ["--lr_scheduler.decay_ratio", "1.5"], "decay_ratio = 1.5: must be within [0, 1]"),

@@ -268,14 +268,14 @@ def test_hugging_face_dataset_path(tok, tmp_path, monkeypatch):
     rows = [f"hugging face row {i} " * 5 for i in range(50)]
     fake = types.SimpleNamespace(load_dataset=lambda name, config, split: FakeDataset(rows))
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    from titanlite.data import prepare as prep
+    from titanlite.data import segments
 
-    monkeypatch.setattr(prep, "_HF_CACHE", {})
+    monkeypatch.setattr(segments, "_HF_CACHE", {})
     manifest = prepare([], tmp_path, shard_mb=0.0005, hf=("fake/name", None, "train"), quiet=True)
     assert len(manifest["shards"]) > 1 and manifest["documents"] == 50
     want = [t for ids in tok.encode_documents(rows) for t in ids]
     assert ShardSet(tmp_path).tokens(0, manifest["tokens"]).tolist() == want
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
-    monkeypatch.setattr(prep, "_HF_CACHE", {})
+    monkeypatch.setattr(segments, "_HF_CACHE", {})
     with pytest.raises(DatasetError, match="pip install datasets"):
         prepare([], tmp_path / "x", hf=("fake/name", None, "train"), quiet=True)

@@ -29,148 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from titanlite.data.documents import (
-    JSONL_SUFFIXES,
-    PARQUET_SUFFIXES,
-    DatasetError,
-    SkippedRecords,
-    iter_file,
-    iter_parquet,
-    list_files,
-    need_pyarrow,
-    parse_jsonl_line,
-)
+from titanlite.data.documents import DatasetError, SkippedRecords, list_files
+from titanlite.data.segments import Segment, plan_files, plan_hf, read_segment
 from titanlite.data.shards import FORMAT, MANIFEST, VERSION, ShardSet, dtype_for
 from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenizer_path
 
 _ENCODE_CHARS = 1 << 20  # text per encode_documents call
-_HF_ROWS = 1000  # rows fetched from a Hugging Face dataset at a time
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """A contiguous part of one input: a whole text file, a byte range of a .jsonl file
-    (starting at line `line`), row groups [start, stop) of a parquet file, or rows [start, stop)
-    of a Hugging Face dataset. Size and mtime make a changed file a different segment."""
-
-    kind: str
-    path: str
-    start: int
-    stop: int
-    line: int = 1
-    size: int = 0
-    mtime_ns: int = 0
-    hf_config: str | None = None
-    hf_split: str = ""
 
 
 # ----------------------------------------------------------------------------------------------
-# planning
-
-
-def plan_files(files: list[Path], target_bytes: int) -> list[list[Segment]]:
-    """Split the files, in order, into pieces of about target_bytes (a piece never splits a
-    document)."""
-    pieces: list[list[Segment]] = [[]]
-    fill = 0
-
-    def add(seg: Segment, nbytes: int) -> None:
-        nonlocal fill
-        if pieces[-1] and fill + nbytes > target_bytes:
-            pieces.append([])
-            fill = 0
-        pieces[-1].append(seg)
-        fill += nbytes
-
-    for f in files:
-        st = f.stat()
-        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        if f.suffix in PARQUET_SUFFIXES:
-            meta = need_pyarrow().ParquetFile(f).metadata
-            for g in range(meta.num_row_groups):
-                add(Segment("parquet", str(f), g, g + 1, **stamp), meta.row_group(g).total_byte_size)
-        elif f.suffix in JSONL_SUFFIXES:
-            for start, stop, line in _jsonl_ranges(f, target_bytes):
-                add(Segment("jsonl", str(f), start, stop, line, **stamp), stop - start)
-        else:
-            add(Segment("text", str(f), 0, st.st_size, **stamp), st.st_size)
-    return [p for p in pieces if p]
-
-
-def _jsonl_ranges(path: Path, target_bytes: int) -> list[tuple[int, int, int]]:
-    """(start byte, stop byte, first line number) ranges of about target_bytes, cut at line ends."""
-    ranges, start, line, size = [], 0, 1, path.stat().st_size
-    with path.open("rb") as f:
-        while start < size:
-            f.seek(min(size, start + target_bytes))
-            f.readline()  # to the end of the line the cut fell in
-            stop = min(size, f.tell())
-            ranges.append((start, stop, line))
-            f.seek(start)
-            left = stop - start
-            while left:  # count the range's lines, for file:line in error reports
-                chunk = f.read(min(left, 1 << 24))
-                line += chunk.count(b"\n")
-                left -= len(chunk)
-            start = stop
-    return ranges
-
-
-def plan_hf(name: str, config: str | None, split: str, target_bytes: int) -> list[list[Segment]]:
-    """A Hugging Face dataset in row ranges of about target_bytes (its own path: `datasets` is an
-    optional, heavy dependency and is imported only here and in _hf_dataset)."""
-    ds = _hf_dataset(name, config, split)
-    rows, nbytes = len(ds), max(1, int(getattr(ds.data, "nbytes", 0) or 1))
-    per = max(1, int(rows * target_bytes / nbytes)) if nbytes > 1 else 10_000
-    return [[Segment("hf", name, a, min(rows, a + per), hf_config=config, hf_split=split)]
-            for a in range(0, rows, per)]
-
-
-_HF_CACHE: dict[tuple, Any] = {}
-
-
-def _hf_dataset(name: str, config: str | None, split: str) -> Any:
-    key = (name, config, split)
-    if key not in _HF_CACHE:
-        try:
-            import datasets
-        except ImportError:
-            raise DatasetError("--hf-dataset needs the datasets library: pip install datasets") from None
-        _HF_CACHE[key] = datasets.load_dataset(name, config, split=split)
-    return _HF_CACHE[key]
-
-
-# ----------------------------------------------------------------------------------------------
-# reading and tokenizing one piece (in a worker process)
-
-
-def read_segment(seg: Segment, text_field: str, skipped: SkippedRecords):
-    """The texts of one segment, in order."""
-    if seg.kind == "text":
-        for _, text in iter_file(Path(seg.path), text_field, skipped):
-            yield text
-    elif seg.kind == "parquet":
-        for _, text in iter_parquet(Path(seg.path), text_field, skipped, row_groups=(seg.start, seg.stop)):
-            yield text
-    elif seg.kind == "jsonl":
-        with open(seg.path, "rb") as f:
-            f.seek(seg.start)
-            line_no, pos = seg.line, seg.start
-            while pos < seg.stop:
-                line = f.readline()
-                pos += len(line)
-                text = parse_jsonl_line(line, text_field, f"{seg.path}:{line_no}", skipped)
-                if text is not None:
-                    yield text
-                line_no += 1
-    else:
-        ds = _hf_dataset(seg.path, seg.hf_config, seg.hf_split)
-        for a in range(seg.start, seg.stop, _HF_ROWS):
-            for i, text in enumerate(ds[a:min(seg.stop, a + _HF_ROWS)][text_field]):
-                if isinstance(text, str):
-                    yield text
-                else:
-                    skipped.add(f"{seg.path}:row {a + i}", f"field '{text_field}' is not text")
+# tokenizing one piece (in a worker process)
 
 
 _worker: dict[str, Any] = {}
@@ -314,8 +182,7 @@ def prepare(inputs: list[Path], output: Path, tokenizer_path: str = "", workers:
             stale.unlink()
     if entries and not quiet:
         print(f"prepare: {len(entries)} of {len(pieces)} shards already done, skipped", file=sys.stderr)
-    sizes = [sum(s.stop - s.start if s.kind in ("text", "jsonl") else 0 for s in pieces[i]) for i in todo]
-    progress = Progress(sum(sizes)) if not quiet else None
+    progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
     args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
     if workers <= 1 or len(todo) <= 1:
         queue = _Inline(progress)
