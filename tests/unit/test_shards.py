@@ -188,7 +188,8 @@ def test_jsonl_and_parquet_inputs_and_bad_records(tok, tmp_path):
 
 def test_prepare_resumes_and_refuses_another_tokenizer(prepared, tmp_path):
     out = tmp_path / "copy"
-    prepare([CORPUS], out, shard_mb=0.04, quiet=True)
+    prepare([CORPUS], out, shard_mb=0.04, workers=2, quiet=True)  # worker processes
+    assert json.loads((out / "manifest.json").read_text()) == json.loads((prepared / "manifest.json").read_text())
     (out / "shard_00001.json").unlink()  # as if killed while writing shard 1
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("shard_*.bin")}
     prepare([CORPUS], out, shard_mb=0.04, quiet=True)

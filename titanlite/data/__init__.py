@@ -7,16 +7,26 @@ through memory maps by ShardWindowDataset); `open_dataset` tells them apart by w
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from pathlib import Path
-
-from torchdata.stateful_dataloader import StatefulDataLoader
+from typing import Any
 
 from titanlite.data.documents import DatasetError, list_files
-from titanlite.data.shard_dataset import ShardWindowDataset
 from titanlite.data.shards import ShardSet, is_prepared
-from titanlite.data.text_dataset import PackedTextDataset
 from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenizer_path
+
+# The torch-backed loaders are imported on first use, so that the preparation tool and its
+# worker processes start without importing torch.
+_LAZY = {"PackedTextDataset": "titanlite.data.text_dataset",
+         "ShardWindowDataset": "titanlite.data.shard_dataset",
+         "StatefulDataLoader": "torchdata.stateful_dataloader"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # Built-in datasets by `training.dataset` name, used when `training.dataset_path` is unset.
@@ -49,7 +59,13 @@ def open_dataset(path: Path, tokenizer: Tokenizer, key: str = "training.dataset_
 
 def build_dataloader(source: DataSource, tokenizer: Tokenizer, *, seq_len: int,
                      local_batch_size: int, dp_rank: int, dp_size: int, seed: int,
-                     text_field: str = "text") -> StatefulDataLoader:
+                     text_field: str = "text") -> Any:
+    """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from titanlite.data.shard_dataset import ShardWindowDataset
+    from titanlite.data.text_dataset import PackedTextDataset
+
     if isinstance(source, ShardSet):
         dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
     else:

@@ -100,9 +100,9 @@ def _take_chars(texts, limit: int):
 # the driver
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def _write_json(path: Path, obj: Any, indent: int | None = None) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.write_text(json.dumps(obj, indent=indent))
     tmp.replace(path)
 
 
@@ -196,7 +196,7 @@ def prepare(inputs: list[Path], output: Path, tokenizer_path: str = "", workers:
         if progress.tty:
             print(file=sys.stderr)
     manifest = _manifest(entries, tok, dtype, text_field, sources)
-    _write_json(output / MANIFEST, manifest)
+    _write_json(output / MANIFEST, manifest, indent=1)
     return manifest
 
 
@@ -237,7 +237,9 @@ def _drain(queue: Any, progress: Progress | None, timeout: float) -> None:
 def _manifest(entries: dict[int, dict], tok: Tokenizer, dtype: str, text_field: str,
               sources: list[str]) -> dict:
     ordered = [entries[i] for i in sorted(entries)]
-    shards = [{k: v for k, v in e.items() if k not in ("skipped_examples", "tokenizer")}
+    # The pieces' sources stay in the shards' own records: with many small files they would
+    # make the manifest, which every rank reads, large.
+    shards = [{k: v for k, v in e.items() if k not in ("skipped_examples", "tokenizer", "source")}
               for e in ordered if e["tokens"] > 0]  # a piece of only malformed records: no shard
     return {
         "format": FORMAT, "version": VERSION, "dtype": dtype, "text_field": text_field,

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from titanlite.checkpoint_storage import file_crc32
 from titanlite.data.documents import DatasetError
 
 FORMAT, VERSION = "titanlite-shards", 1
@@ -174,6 +173,10 @@ class ShardSet:
     def verify_checksums(self, indices: list[int] | None = None) -> list[str]:
         """Shards whose files do not match the manifest's CRC32 (the slow check: reads every
         byte; ranks share it at startup)."""
+        # Here, not at the top: checkpoint_storage imports torch, which the preparation tool
+        # and its workers do without.
+        from titanlite.checkpoint_storage import file_crc32
+
         problems = []
         for i in range(len(self.shards)) if indices is None else indices:
             s = self.shards[i]
