@@ -165,6 +165,8 @@ class CheckpointManager:
     def _load(self, path: Path, keys: list[str]) -> None:
         self._check_files(path)
         self._check_shapes(path)
+        if "dataloader" in keys:
+            self._check_loader_state(path)
         start = time.perf_counter()
         dcp.load({k: self.states[k] for k in keys}, checkpoint_id=str(path),
                  planner=SafeLoadPlanner(), process_group=self.pg)
@@ -188,6 +190,19 @@ class CheckpointManager:
                 raise CheckpointError(
                     f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the "
                     f"model (as configured) has {tuple(value.shape)}")
+
+    def _check_loader_state(self, path: Path) -> None:
+        """The saved loader state must be the kind this run's reader loads (text and prepared
+        shards keep different state); DCP would only say 'missing key'."""
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        missing = [k for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")
+                   if k not in saved]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {path}: its data loader state was saved by another reader or titanlite "
+                f"version (no '{missing[0]}'; text and prepared shards keep different state); resume with the "
+                "same kind of training.dataset_path, or start the loader afresh with "
+                "--checkpoint.exclude_from_loading dataloader")
 
     # ----------------------------------------------------------------------------------------
     # saving
@@ -287,6 +302,13 @@ class CheckpointManager:
             self.executor.shutdown()
         if self.stager is not None:
             self.stager.close()
+
+
+def _leaf_keys(tree: Any, prefix: str) -> list[str]:
+    """DCP's flattened keys of nested dicts (lists are leaves, as for the loader's state)."""
+    if not isinstance(tree, dict) or not tree:
+        return [prefix]
+    return [k for key, v in tree.items() for k in _leaf_keys(v, f"{prefix}.{key}")]
 
 
 def _flatten(tree: Any, prefix: tuple = ()) -> dict[tuple, Any]:

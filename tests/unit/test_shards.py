@@ -280,3 +280,18 @@ def test_hugging_face_dataset_path(tok, tmp_path, monkeypatch):
     monkeypatch.setattr(segments, "_HF_CACHE", {})
     with pytest.raises(DatasetError, match="pip install datasets"):
         prepare([], tmp_path / "x", hf=("fake/name", None, "train"), quiet=True)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process
+def test_checkpoint_of_the_other_reader_is_one_clear_error(prepared, tok, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from titanlite.checkpoint import CheckpointManager
+    from titanlite.checkpoint_storage import CheckpointError
+
+    text, shards = _loaders(list_files(CORPUS), tok, 2, 1)[0], _loaders(ShardSet(prepared), tok, 2, 1)[0]
+    dcp.save({"dataloader": text}, checkpoint_id=str(tmp_path))
+    check = CheckpointManager._check_loader_state
+    check(types.SimpleNamespace(states={"dataloader": text}), tmp_path)  # same reader: fine
+    with pytest.raises(CheckpointError, match="saved by another reader.*exclude_from_loading dataloader"):
+        check(types.SimpleNamespace(states={"dataloader": shards}), tmp_path)
