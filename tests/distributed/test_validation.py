@@ -1,6 +1,6 @@
-"""Training on prepared shards with a validation loss, under torchrun on gloo: the validation
-loss is the same number on one process and on FSDP 2 x TP 2, and reaches metrics.jsonl and
-TensorBoard; a corrupted shard stops the run at start, naming the shard."""
+"""Training on prepared shards with a validation loss, under torchrun on gloo: training and
+validation losses are the same on one process and on FSDP 2 x TP 2, and the validation loss
+reaches metrics.jsonl and TensorBoard; a corrupted shard stops the run at start, naming it."""
 
 import subprocess
 import sys
@@ -42,10 +42,17 @@ def test_validation_loss_is_the_same_on_one_process_and_fsdp2_tp2(shards, tmp_pa
     check(torchrun(4, ["-m", "titanlite.train"], _args(
         layout, shards, "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
         "--metrics.enable_tensorboard", "false")))
-    val = {}
+    val, train = {}, {}
     for name, folder in (("one", one), ("fsdp2_tp2", layout)):
-        val[name] = {r["step"]: r["val_loss"] for r in read_jsonl(folder / "metrics.jsonl") if "val_loss" in r}
+        records = read_jsonl(folder / "metrics.jsonl")
+        val[name] = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+        train[name] = [r["loss"] for r in records]
         assert sorted(val[name]) == [2, 4]
+    # The shard reader gives both layouts the same global batches, and validating in between
+    # leaves training as it was.
+    assert len(train["one"]) == 4
+    for ref, got in zip(train["one"], train["fsdp2_tp2"]):
+        assert abs(got - ref) <= 1e-4 * ref, train
     for step, ref in val["one"].items():
         assert abs(val["fsdp2_tp2"][step] - ref) <= 1e-5 * ref, (step, val)
     assert val["one"][4] < val["one"][2]  # it trained on something like the held-out text

@@ -23,6 +23,7 @@ from titanlite.data.prepare import main as prepare_main
 from titanlite.data.prepare import prepare
 from titanlite.data.rank_split import RankSplit
 from titanlite.data.shard_dataset import WindowOrder
+from titanlite.data.shards import dtype_for
 from titanlite.data.text_dataset import read_stream
 from titanlite.data.tokenizer import BUILTIN_TOKENIZER
 
@@ -62,6 +63,7 @@ def _global(per_rank, lbs, dp, n):
 def test_round_trip_equals_on_the_fly_tokenization(prepared, tok):
     shards = ShardSet(prepared)
     assert len(shards.shards) > 2 and shards.manifest["dtype"] == "uint16"
+    assert (dtype_for(65536), dtype_for(65537)) == ("uint16", "uint32")  # ids < vocab size
     stream = np.asarray(read_stream(list_files(CORPUS), tok), dtype=np.int64)
     assert np.array_equal(shards.tokens(0, shards.total_tokens), stream)
     # The index holds each document's boundaries: BOS at every start, EOS before every end.
