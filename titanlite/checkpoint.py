@@ -47,6 +47,7 @@ from titanlite.checkpoint_storage import (
     write_manifest,
 )
 from titanlite.config_schema import Checkpoint
+from titanlite.distributed import shared_check
 from titanlite.logging import logger
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -167,6 +168,8 @@ class CheckpointManager:
     def _load(self, path: Path, keys: list[str]) -> None:
         self._check_files(path)
         self._check_shapes(path)
+        if "dataloader" in keys:
+            self._check_loader_state(path)
         start = time.perf_counter()
         dcp.load({k: self.states[k] for k in keys}, checkpoint_id=str(path),
                  planner=SafeLoadPlanner(), process_group=self.pg)
@@ -174,13 +177,9 @@ class CheckpointManager:
 
     def _check_files(self, path: Path) -> None:
         """Each rank checksums a share of the files; all agree before anything is read."""
-        manifest = read_manifest(path)
-        world = dist.get_world_size()
-        mine = [n for i, n in enumerate(sorted(manifest["files"])) if i % world == self.rank]
-        problems = verify(path, files=mine)
-        everyone: list[list[str]] = [[] for _ in range(world)]
-        dist.all_gather_object(everyone, problems, group=self.pg)
-        found = sorted({p for ps in everyone for p in ps})
+        names = sorted(read_manifest(path)["files"])
+        found = shared_check(len(names), lambda mine: verify(path, files=[names[i] for i in mine]),
+                             self.pg)
         if found:
             raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
 
@@ -203,6 +202,19 @@ class CheckpointManager:
         if differ and self.rank == 0:
             logger.warning(f"{path} was saved from a model with other hyper-parameters: "
                            + "; ".join(differ))
+
+    def _check_loader_state(self, path: Path) -> None:
+        """The saved loader state must be the kind this run's reader loads (text and prepared
+        shards keep different state); DCP would only say 'missing key'."""
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        missing = [k for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")
+                   if k not in saved]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {path}: its data loader state was saved by another reader or titanlite "
+                f"version (no '{missing[0]}'; text and prepared shards keep different state); resume with the "
+                "same kind of training.dataset_path, or start the loader afresh with "
+                "--checkpoint.exclude_from_loading dataloader")
 
     # ----------------------------------------------------------------------------------------
     # saving
@@ -304,6 +316,13 @@ class CheckpointManager:
             self.executor.shutdown()
         if self.stager is not None:
             self.stager.close()
+
+
+def _leaf_keys(tree: Any, prefix: str) -> list[str]:
+    """DCP's flattened keys of nested dicts (lists are leaves, as for the loader's state)."""
+    if not isinstance(tree, dict) or not tree:
+        return [prefix]
+    return [k for key, v in tree.items() for k in _leaf_keys(v, f"{prefix}.{key}")]
 
 
 def _flatten(tree: Any, prefix: tuple = ()) -> dict[tuple, Any]:

@@ -277,6 +277,19 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError(
             "[float8] precompute_float8_dynamic_scale_for_fsdp acts only on weights all-gathered "
             "in float8; set enable_fsdp_float8_all_gather = true or turn it off")
+    v = cfg.validation
+    if v.enabled and not v.dataset_path:
+        raise ConfigError(
+            "[validation] enabled = true needs validation.dataset_path (held-out text or prepared "
+            "shards)"
+        )
+    if v.seq_len is not None and v.seq_len > t.seq_len:
+        raise ConfigError(
+            f"[validation] seq_len = {v.seq_len} is longer than training.seq_len = {t.seq_len}, "
+            "the longest sequence the model's position table covers"
+        )
+    if v.steps == 0 or v.steps < -1:
+        raise ConfigError(f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer")
     p = cfg.parallelism
     if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
         raise ConfigError(

@@ -99,8 +99,9 @@ class LRScheduler:
 @dataclass
 class Training:
     dataset: str = opt("titanlite_corpus", "built-in dataset name (used when dataset_path is unset)")
-    dataset_path: str | None = opt(None, "a local .txt/.jsonl file or a folder of them")
-    dataset_text_field: str = opt("text", "the text field of .jsonl records")
+    dataset_path: str | None = opt(
+        None, "text (.txt/.jsonl/.parquet file or folder) or prepared shards (manifest.json or its folder)")
+    dataset_text_field: str = opt("text", "the text field of .jsonl records and .parquet rows")
     local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1)
     global_batch_size: int = opt(-1, "sequences per optimizer step; -1 = local x dp (no accumulation)")
     seq_len: int = opt(2048, "tokens per sequence", min=1)
@@ -185,6 +186,16 @@ class Float8:
 
 
 @dataclass
+class Validation:
+    enabled: bool = opt(False, "compute a validation loss on held-out data during training")
+    dataset_path: str | None = opt(None, "held-out text or prepared shards, as training.dataset_path")
+    local_batch_size: int | None = opt(None, "sequences per rank per step; None = training's", min=1)
+    seq_len: int | None = opt(None, "tokens per sequence; None = training's", min=1)
+    freq: int = opt(100, "steps between validations (and after the last step)", min=1)
+    steps: int = opt(-1, "batches per validation; -1 = every whole global batch of the data")
+
+
+@dataclass
 class Comm:
     init_timeout_seconds: int = opt(300, "timeout of the first collectives", min=1)
     train_timeout_seconds: int = opt(100, "collective timeout during training", min=1)
@@ -205,6 +216,7 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     float8: Float8 = field(default_factory=Float8)
+    validation: Validation = field(default_factory=Validation)
     comm: Comm = field(default_factory=Comm)
 
 
@@ -214,6 +226,5 @@ UNIMPLEMENTED_SECTIONS: dict[str, dict[str, Any]] = {
     "experimental": {"custom_import": "", "custom_args_module": ""},
     "fault_tolerance": {"enable": False},
     "memory_estimation": {"enabled": False, "disable_fake_mode": False},
-    "validation": {"enabled": False},
     "mx": {},
 }

@@ -87,3 +87,13 @@ def set_determinism(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+def shared_check(n_items: int, check, group=None) -> list[str]:
+    """Split a slow check of n_items (checksums) over the ranks: rank r runs check(indices) on
+    items r, r + world, ...; every rank gets all the problems found, sorted, so all agree."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    problems = check([i for i in range(n_items) if i % world == rank])
+    everyone: list[list[str]] = [[] for _ in range(world)]
+    dist.all_gather_object(everyone, problems, group=group)
+    return sorted({p for ps in everyone for p in ps})

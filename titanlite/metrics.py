@@ -71,6 +71,10 @@ class MetricsLogger:
     def add_data_time(self, seconds: float) -> None:
         self.data_time += seconds
 
+    def exclude_time(self, seconds: float) -> None:
+        """Leave work that is not training (validation) out of this window's throughput."""
+        self.window_start += seconds
+
     def should_log(self, step: int) -> bool:
         first = step == self.start_step + 1
         return first or step % self.cfg.log_freq == 0 or step == self.total_steps
@@ -78,7 +82,8 @@ class MetricsLogger:
     def count_step(self) -> None:
         self.window_steps += 1
 
-    def log(self, step: int, loss: float, grad_norm: float, lr: float) -> dict[str, Any]:
+    def log(self, step: int, loss: float, grad_norm: float, lr: float,
+            val_loss: float | None = None) -> dict[str, Any]:
         now = time.perf_counter()
         elapsed = max(now - self.window_start, 1e-9)
         tps = self.tokens_per_step * self.window_steps / elapsed
@@ -89,6 +94,8 @@ class MetricsLogger:
             "memory_gib": memory_gib(self.device), "data_loading_pct": 100 * self.data_time / elapsed,
             "elapsed_s": now - self.start,
         }
+        if val_loss is not None:  # only on the steps that validated
+            record["val_loss"] = val_loss
         eta = (now - self.start) / max(1, step - self.start_step) * (self.total_steps - step)
         self._write(record, eta)
         self._reset(now)
@@ -102,13 +109,15 @@ class MetricsLogger:
             f"grad_norm {r['grad_norm']:.3f}  lr {r['lr']:.2e}  tps {r['tps']:,.0f}  "
             f"tflops {r['tflops']:.2f}  mfu {mfu}  mem {r['memory_gib']:.2f}GiB  "
             f"data {r['data_loading_pct']:.1f}%  eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+            + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
         )
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(r) + "\n")
         if self.tb is not None:
             for key, value in r.items():
                 if key != "step" and value is not None:
-                    self.tb.add_scalar(f"train/{key}", value, r["step"])
+                    tag = "validation/loss" if key == "val_loss" else f"train/{key}"
+                    self.tb.add_scalar(tag, value, r["step"])
 
     def close(self) -> None:
         if self.jsonl is not None:

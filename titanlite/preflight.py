@@ -29,7 +29,8 @@ class Preflight:
     dims: object  # parallelisms.ParallelDims
     model_args: object
     tokenizer_path: Path
-    dataset_files: list[Path]
+    dataset: object  # data.DataSource: text files or prepared shards; None in a dry run
+    validation_dataset: object  # the same for [validation], None when it is off
     grad_accum_steps: int
 
 
@@ -87,7 +88,7 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
     from models import MODELS
     from parallelisms import ParallelDims, check_layout
     from titanlite import float8
-    from titanlite.data import Tokenizer, list_files, resolve_dataset_path, resolve_tokenizer_path
+    from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
     from titanlite.distributed import device_type
 
     spec = MODELS[job.model.name]
@@ -99,7 +100,8 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
     planning = vocab_size is not None
     if not planning:
         tokenizer_path = resolve_tokenizer_path(job.model.tokenizer_path)
-        vocab_size = Tokenizer(tokenizer_path).vocab_size
+        tokenizer = Tokenizer(tokenizer_path)
+        vocab_size = tokenizer.vocab_size
     else:  # a dry run planning for files that live on the cluster
         tokenizer_path = Path(job.model.tokenizer_path)
     args = model_args(job, vocab_size)
@@ -134,10 +136,15 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
         )
     per_step = t.local_batch_size * dims.dp_size
     accum = 1 if t.global_batch_size == -1 else t.global_batch_size // per_step
-    files = [] if planning else list_files(resolve_dataset_path(t.dataset, t.dataset_path))
+    dataset = validation = None
+    if not planning:  # text files are listed, prepared shards checked against the tokenizer
+        dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
+        if job.validation.enabled:
+            validation = open_dataset(Path(job.validation.dataset_path), tokenizer,
+                                      "validation.dataset_path")
     if job.profiling.enable_profiling and job.profiling.profile_freq < 2:
         raise ConfigError("[profiling] profile_freq must be >= 2 (one warm-up step, one traced)")
-    return Preflight(dims, args, tokenizer_path, files, accum)
+    return Preflight(dims, args, tokenizer_path, dataset, validation, accum)
 
 
 def user_errors() -> tuple[type[Exception], ...]:

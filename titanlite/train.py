@@ -26,12 +26,13 @@ from titanlite import config as config_lib
 from titanlite import distributed, preflight
 from titanlite.checkpoint import CheckpointManager, config_hash, model_config_record
 from titanlite.config_schema import JobConfig
-from titanlite.data import Tokenizer, build_dataloader
+from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.float8 import float8_options
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger
 from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from titanlite.profiling import maybe_profile
+from titanlite.validate import ValidationData, Validator
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,9 +88,16 @@ class Trainer:
         dp_mesh = self.dp_mesh = self.meshes.dp
         dp_rank, dp_size = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh else (0, 1)
         tokenizer = Tokenizer(pre.tokenizer_path)
+        for source in (pre.dataset, pre.validation_dataset):
+            if isinstance(source, ShardSet):
+                self._verify_shards(source)
         self.dataloader = build_dataloader(
-            pre.dataset_files, tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
+            pre.dataset, tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
             dp_rank=dp_rank, dp_size=dp_size, seed=self.seed, text_field=t.dataset_text_field)
+        v = job.validation
+        self.validation_data = None if not v.enabled else ValidationData(
+            pre.validation_dataset, tokenizer, v.seq_len or t.seq_len,
+            v.local_batch_size or t.local_batch_size, dp_rank, dp_size, v.steps, t.dataset_text_field)
 
         spec = MODELS[job.model.name]
         with torch.device("meta"):
@@ -122,6 +130,9 @@ class Trainer:
             register_scale_precompute(self.optimizer, model)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
+        self.validator = None if self.validation_data is None else Validator(
+            job.validation, self.validation_data, model, self.loss_fn, self.device,
+            self.loss_parallel, self.amp, self.global_mean)
         self.params = [q for q in model.parameters() if q.requires_grad]
         self.train_state = TrainState()
         self.checkpointer = CheckpointManager(
@@ -152,6 +163,16 @@ class Trainer:
         dist.all_gather_object(everyone, mine)
         if self.rank == 0:
             logger.info(f"mesh {self.dims.describe()}:\n  " + "\n  ".join(everyone))
+
+    def _verify_shards(self, shards: ShardSet) -> None:
+        """Checksum every prepared shard before training, the ranks sharing the reading."""
+        start = time.perf_counter()
+        problems = distributed.shared_check(len(shards.shards), shards.verify_checksums)
+        if problems:
+            raise DatasetError(f"{shards.key}: " + "; ".join(problems[:3]))
+        logger.info(f"{shards.manifest_file}: {len(shards.shards)} shards, "
+                    f"{shards.total_tokens:,} tokens, checksums verified in "
+                    f"{time.perf_counter() - start:.1f}s")
 
     def _save_resolved_config(self) -> None:
         self.dump_folder.mkdir(parents=True, exist_ok=True)
@@ -202,6 +223,15 @@ class Trainer:
             value /= self.dp_mesh.size()
         return value.item()
 
+    def validate(self, step: int) -> float | None:
+        """The validation loss when it is due at `step` (its time is kept out of tps)."""
+        if self.validator is None or not self.validator.due(step, self.job.training.steps):
+            return None
+        start = time.perf_counter()
+        val_loss = self.validator.run()
+        self.metrics.exclude_time(time.perf_counter() - start)
+        return val_loss
+
     def save_seed_checkpoint(self) -> None:
         self.checkpointer.save(0, weights_only=True)
         logger.info(f"seed checkpoint written to {self.checkpointer.folder / 'step-0'}")
@@ -224,10 +254,11 @@ class Trainer:
                 loss, grad_norm, lr = self.train_step(microbatches)
                 state.tokens_seen += tokens_per_step
                 self.metrics.count_step()
+                val_loss = self.validate(state.step)
                 # Reading the loss syncs with the device: only on the steps that log it.
-                if self.metrics.should_log(state.step):
+                if self.metrics.should_log(state.step) or val_loss is not None:
                     records.append(self.metrics.log(
-                        state.step, self.global_mean(loss), grad_norm.item(), lr))
+                        state.step, self.global_mean(loss), grad_norm.item(), lr, val_loss))
                 state.elapsed_s += time.perf_counter() - step_start
                 if self.checkpointer.should_save(state.step):
                     self.checkpointer.save(state.step)

@@ -78,11 +78,12 @@ def test_epochs_repeat_without_end_and_reshuffle(tok, tmp_path):
     assert len(orders) > 1  # the file order changes between epochs
 
 
-def test_state_dict_resumes_exactly(tok):
+@pytest.mark.parametrize("windows", [37, 36])  # inside a micro-batch, between micro-batches
+def test_state_dict_resumes_exactly(tok, windows):
     files = list_files(BUILTIN_DATASETS["titanlite_corpus"])
     a = PackedTextDataset(files, tok, 64, 2, 1, 2, 7)
     it = iter(a)
-    for _ in range(37):
+    for _ in range(windows):
         next(it)
     state = a.state_dict()
     expected = [next(it) for _ in range(25)]

@@ -1,18 +1,39 @@
-"""Data: tokenizer, datasets and the stateful loader that feeds the trainer."""
+"""Data: tokenizer, datasets and the stateful loader that feeds the trainer.
+
+A dataset path holds either text (.txt/.py/.jsonl/.parquet, tokenized on the fly by
+PackedTextDataset) or prepared shards (a manifest.json written by `titanlite.data.prepare`, read
+through memory maps by ShardWindowDataset); `open_dataset` tells them apart by what is there.
+"""
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from pathlib import Path
+from typing import Any
 
-from torchdata.stateful_dataloader import StatefulDataLoader
-
-from titanlite.data.text_dataset import DatasetError, PackedTextDataset, list_files
+from titanlite.data.documents import DatasetError, list_files
+from titanlite.data.shards import ShardSet, is_prepared
 from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenizer_path
+
+# The torch-backed loaders are imported on first use, so that the preparation tool and its
+# worker processes start without importing torch.
+_LAZY = {"PackedTextDataset": "titanlite.data.text_dataset",
+         "ShardWindowDataset": "titanlite.data.shard_dataset",
+         "StatefulDataLoader": "torchdata.stateful_dataloader"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # Built-in datasets by `training.dataset` name, used when `training.dataset_path` is unset.
 BUILTIN_DATASETS = {"titanlite_corpus": ASSETS / "corpus"}
+
+# What a dataset path resolves to: text files, or prepared shards.
+DataSource = list[Path] | ShardSet
 
 
 def resolve_dataset_path(dataset: str, dataset_path: str | None) -> Path:
@@ -26,18 +47,37 @@ def resolve_dataset_path(dataset: str, dataset_path: str | None) -> Path:
     )
 
 
-def build_dataloader(files: list[Path], tokenizer: Tokenizer, *, seq_len: int,
+def open_dataset(path: Path, tokenizer: Tokenizer, key: str = "training.dataset_path") -> DataSource:
+    """Prepared shards (checked against the tokenizer) if `path` holds a manifest, else the text
+    files under it. DatasetError, naming the path and the fix, if it cannot be trained on."""
+    if is_prepared(path):
+        shards = ShardSet(path, key)
+        shards.check(tokenizer.vocab_size, tokenizer.fingerprint, tokenizer.path)
+        return shards
+    return list_files(path, key)
+
+
+def build_dataloader(source: DataSource, tokenizer: Tokenizer, *, seq_len: int,
                      local_batch_size: int, dp_rank: int, dp_size: int, seed: int,
-                     text_field: str = "text") -> StatefulDataLoader:
-    dataset = PackedTextDataset(files, tokenizer, seq_len, local_batch_size, dp_rank, dp_size,
-                                seed, text_field)
+                     text_field: str = "text") -> Any:
+    """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from titanlite.data.shard_dataset import ShardWindowDataset
+    from titanlite.data.text_dataset import PackedTextDataset
+
+    if isinstance(source, ShardSet):
+        dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
+    else:
+        dataset = PackedTextDataset(source, tokenizer, seq_len, local_batch_size, dp_rank, dp_size,
+                                    seed, text_field)
     # torchdata 0.11 calls a torch API that torch now flags as deprecated: noise for users.
     warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")
     return StatefulDataLoader(dataset, batch_size=local_batch_size, num_workers=0)
 
 
 __all__ = [
-    "BUILTIN_DATASETS", "DatasetError", "PackedTextDataset", "StatefulDataLoader", "Tokenizer",
-    "TokenizerError", "build_dataloader", "list_files", "resolve_dataset_path",
-    "resolve_tokenizer_path",
+    "BUILTIN_DATASETS", "DataSource", "DatasetError", "PackedTextDataset", "ShardSet",
+    "ShardWindowDataset", "StatefulDataLoader", "Tokenizer", "TokenizerError", "build_dataloader",
+    "list_files", "open_dataset", "resolve_dataset_path", "resolve_tokenizer_path",
 ]

@@ -3,95 +3,28 @@
 Every data-parallel rank reads the same global token stream: the files in an order shuffled per
 epoch by (seed, epoch) (so one topic or file type never fills many steps in a row), each
 document framed by BOS/EOS, concatenated and cut into non-overlapping windows of seq_len + 1 tokens
-(input = window[:-1], labels = window[1:]); the stream repeats by epochs without end. Window g
-goes to rank (g // local_batch_size) % dp_size, so the global batch of a step is the same set of
-windows whatever the data-parallel degree, and the loader's position is the same on every rank.
+(input = window[:-1], labels = window[1:]); the stream repeats by epochs without end. Windows are
+shared between data-parallel ranks by `RankSplit`, so the global batch of a step is the same set
+of windows whatever the data-parallel degree, and the loader's state at a step boundary is the
+same on every rank (and resumes onto another degree exactly).
 The price is that each rank tokenizes the whole stream; the Rust tokenizer's batched encoding
 keeps that far below a training step's time at the scales this reader is meant for.
 """
-
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
 
+from titanlite.data.documents import DatasetError, SkippedRecords, iter_documents
+from titanlite.data.rank_split import RankSplit
 from titanlite.data.tokenizer import Tokenizer
-from titanlite.logging import logger
 
-TEXT_SUFFIXES = (".txt", ".py")  # one file = one document
-JSONL_SUFFIXES = (".jsonl",)  # one line = one document
 _TOKENIZE_BATCH_CHARS = 1 << 18  # text gathered per encode_batch call
-_MAX_REPORTED = 5
-
-
-class DatasetError(ValueError):
-    pass
-
-
-def list_files(path: Path) -> list[Path]:
-    """The dataset's files in a fixed order; DatasetError if there is nothing to read."""
-    if not path.exists():
-        raise DatasetError(f"training.dataset_path: {path} does not exist")
-    suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES
-    if path.is_file():
-        files = [path] if path.suffix in suffixes else []
-    else:
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
-    if not files:
-        raise DatasetError(
-            f"training.dataset_path: {path} holds no {'/'.join(suffixes)} files to train on"
-        )
-    if sum(f.stat().st_size for f in files) == 0:
-        raise DatasetError(f"training.dataset_path: {path}: every file is empty")
-    return files
-
-
-@dataclass
-class SkippedRecords:
-    """Malformed records are skipped, counted, and the first few reported with file:line."""
-
-    count: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def add(self, where: str, why: str) -> None:
-        self.count += 1
-        if len(self.examples) < _MAX_REPORTED:
-            self.examples.append(f"{where}: {why}")
-            logger.warning(f"skipping malformed record {where}: {why}")
-
-
-def iter_documents(files: list[Path], text_field: str, start_file: int, start_record: int,
-                   skipped: SkippedRecords) -> Iterator[tuple[int, int, str]]:
-    """(file index, record index, text) from position (start_file, start_record) to the end."""
-    for fi in range(start_file, len(files)):
-        path = files[fi]
-        first = start_record if fi == start_file else 0
-        if path.suffix in TEXT_SUFFIXES:
-            if first == 0:
-                text = path.read_text(encoding="utf-8", errors="replace")
-                if text.strip():
-                    yield fi, 0, text
-            continue
-        with path.open("rb") as f:
-            for ri, line in enumerate(f):
-                if ri < first or not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)[text_field]
-                    if not isinstance(text, str):
-                        raise TypeError(f"field '{text_field}' is {type(text).__name__}, not text")
-                except (ValueError, KeyError, TypeError) as e:
-                    why = f"no '{text_field}' field" if isinstance(e, KeyError) else str(e)
-                    skipped.add(f"{path}:{ri + 1}", why[:120])
-                    continue
-                yield fi, ri, text
 
 
 class PackedTextDataset(IterableDataset):
@@ -108,14 +41,12 @@ class PackedTextDataset(IterableDataset):
         self.epoch, self.file_idx, self.record_idx = 0, 0, 0
         self.buffer: list[int] = []
         self.window_idx = 0
+        self.split = RankSplit(local_batch_size, dp_rank, dp_size)
 
     def _epoch_files(self) -> list[Path]:
         order = list(self.files)
         random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
         return order
-
-    def _owns(self, window: int) -> bool:
-        return (window // self.local_batch_size) % self.dp_size == self.dp_rank
 
     def _fill(self) -> None:
         """Tokenize the next documents (about _TOKENIZE_BATCH_CHARS of text) into the buffer,
@@ -144,29 +75,64 @@ class PackedTextDataset(IterableDataset):
         for ids in self.tokenizer.encode_documents(texts):
             self.buffer.extend(ids)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _cut_window(self) -> list[int]:
         n = self.seq_len + 1
+        while len(self.buffer) < n:
+            self._fill()
+        window = self.buffer[:n]
+        # Deleting the head in place avoids copying the whole remaining buffer per window.
+        del self.buffer[:n]
+        self.window_idx += 1
+        return window
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
-            while len(self.buffer) < n:
-                self._fill()
-            window = self.buffer[:n]
-            # Deleting the head in place avoids copying the whole remaining buffer per window.
-            del self.buffer[:n]
-            owned = self._owns(self.window_idx)
-            self.window_idx += 1
-            if owned:
-                t = torch.tensor(window, dtype=torch.long)
-                yield t[:-1], t[1:]
+            pos = self.window_idx
+            window = self._cut_window()
+            if not self.split.owns(pos):
+                continue
+            if self.split.ends_share(pos):
+                # The rest of this micro-batch belongs to other ranks: step past it before
+                # yielding, so that between steps every rank's state is the same.
+                while self.window_idx < self.split.chunk_end(pos):
+                    self._cut_window()
+            t = torch.tensor(window, dtype=torch.long)
+            yield t[:-1], t[1:]
 
     def state_dict(self) -> dict[str, Any]:
         # Plain data only (a list, not a tensor): its length varies, and DCP loads tensors in
         # place into a template of the saved size, which a fresh loader cannot provide.
         return {"epoch": self.epoch, "file_idx": self.file_idx, "record_idx": self.record_idx,
                 "buffer": list(self.buffer), "window_idx": self.window_idx,
-                "skipped": self.skipped.count}
+                "skipped": self.skipped.count, "seed": self.seed, "base": self.split.base}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.file_idx = state["epoch"], state["file_idx"]
         self.record_idx, self.window_idx = state["record_idx"], state["window_idx"]
         self.buffer = list(state["buffer"])
         self.skipped.count = state["skipped"]
+        # The saving run's seed keeps the file order the same even if this run drew another.
+        self.seed = state.get("seed", self.seed)
+        # Between micro-batches (always, in training) the position is the same on every rank and
+        # the layout may differ from the saving run's: micro-batches restart here. A state taken
+        # inside a micro-batch resumes exactly with the saving layout only.
+        base = state.get("base", 0)
+        at_boundary = (self.window_idx - base) % self.split.chunk == 0
+        self.split = RankSplit(self.local_batch_size, self.dp_rank, self.dp_size,
+                               self.window_idx if at_boundary else base)
+
+
+def read_stream(files: list[Path], tokenizer: Tokenizer, text_field: str = "text") -> list[int]:
+    """One pass over `files` in the given order, framed and tokenized as the reader does it (for
+    held-out data small enough to keep in memory, and for tests)."""
+    stream: list[int] = []
+    texts: list[str] = []
+    for _, _, text in iter_documents(files, text_field, 0, 0, SkippedRecords()):
+        texts.append(text)
+        if sum(map(len, texts)) >= _TOKENIZE_BATCH_CHARS:
+            for ids in tokenizer.encode_documents(texts):
+                stream.extend(ids)
+            texts = []
+    for ids in tokenizer.encode_documents(texts):
+        stream.extend(ids)
+    return stream

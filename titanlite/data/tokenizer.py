@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -64,6 +65,14 @@ class Tokenizer:
             f"{self.path}: no BOS/EOS tokens found; add a tokenizer_config.json beside it with "
             "bos_token and eos_token"
         )
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the token ids this tokenizer produces: its file's bytes and BOS/EOS. Shards
+        carry it, so that ids made by one tokenizer are never read with another's."""
+        h = hashlib.sha256(self.path.read_bytes())
+        h.update(f"{self.bos_id},{self.eos_id}".encode())
+        return h.hexdigest()[:16]
 
     def encode_documents(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each document framed by BOS ... EOS (batched: Rust threads do the work)."""

@@ -1,0 +1,80 @@
+"""Training on prepared shards with a validation loss, under torchrun on gloo: training and
+validation losses are the same on one process and on FSDP 2 x TP 2, and the validation loss
+reaches metrics.jsonl and TensorBoard; a corrupted shard stops the run at start, naming it."""
+
+import subprocess
+import sys
+
+import pytest
+from helpers import DEBUG_CONFIG, ROOT, check, clean_env, read_jsonl, torchrun
+
+from titanlite.data.prepare import prepare
+
+CORPUS = ROOT / "titanlite" / "assets" / "corpus"
+HELD_OUT = CORPUS / "prose_01.txt"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    prepare([CORPUS], out, shard_mb=0.05, quiet=True)
+    return out
+
+
+def _args(folder, shards, *extra):
+    return ["--config", str(DEBUG_CONFIG), "--job.dump_folder", str(folder),
+            "--training.dataset_path", str(shards), "--training.steps", "4",
+            "--training.seq_len", "64", "--training.mixed_precision_param", "float32",
+            "--training.deterministic", "--metrics.log_freq", "1", "--validation.enabled",
+            "--validation.dataset_path", str(HELD_OUT), "--validation.freq", "2",
+            "--validation.steps", "2", *extra]
+
+
+def _one_process(args):
+    return subprocess.run([sys.executable, "-m", "titanlite.train", *args], cwd=ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_validation_loss_is_the_same_on_one_process_and_fsdp2_tp2(shards, tmp_path):
+    one, layout = tmp_path / "one", tmp_path / "fsdp2_tp2"
+    check(_one_process(_args(one, shards, "--training.local_batch_size", "8")))
+    check(torchrun(4, ["-m", "titanlite.train"], _args(
+        layout, shards, "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
+        "--metrics.enable_tensorboard", "false")))
+    val, train = {}, {}
+    for name, folder in (("one", one), ("fsdp2_tp2", layout)):
+        records = read_jsonl(folder / "metrics.jsonl")
+        val[name] = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+        train[name] = [r["loss"] for r in records]
+        assert sorted(val[name]) == [2, 4]
+    # The shard reader gives both layouts the same global batches, and validating in between
+    # leaves training as it was.
+    assert len(train["one"]) == 4
+    for ref, got in zip(train["one"], train["fsdp2_tp2"]):
+        assert abs(got - ref) <= 1e-4 * ref, train
+    for step, ref in val["one"].items():
+        assert abs(val["fsdp2_tp2"][step] - ref) <= 1e-5 * ref, (step, val)
+    assert val["one"][4] < val["one"][2]  # it trained on something like the held-out text
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(one / "tb"))
+    events.Reload()
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("validation/loss")] == \
+        [(s, pytest.approx(v)) for s, v in sorted(val["one"].items())]
+
+
+@pytest.mark.slow
+def test_corrupted_shard_stops_the_run_at_start(shards, tmp_path):
+    import shutil
+
+    bad = shutil.copytree(shards, tmp_path / "bad")
+    data = bytearray((bad / "shard_00001.bin").read_bytes())
+    data[10] ^= 0x01
+    (bad / "shard_00001.bin").write_bytes(bytes(data))
+    proc = _one_process(_args(tmp_path / "run", bad))
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("titanlite: error:")]
+    assert errors and f"{bad / 'shard_00001.bin'} is corrupted" in errors[0], proc.stderr[-3000:]
+    assert "parameters" not in proc.stderr  # before the model was built

@@ -1,0 +1,306 @@
+"""Tokenize a corpus once into prepared shards (format: shards.py), in parallel processes.
+
+    python -m titanlite.data.prepare CORPUS... --output DIR [--tokenizer PATH] [--workers N]
+    python -m titanlite.data.prepare --hf-dataset NAME [--hf-config C] [--hf-split S] --output DIR
+    python -m titanlite.data.prepare --verify DIR     # check a prepared dataset's checksums
+
+CORPUS: files or folders of .txt/.py (a file is a document), .jsonl (a line is a document) and
+.parquet (a row is a document), read by the same code as the on-the-fly reader and tokenized by
+the same `Tokenizer.encode_documents`, so the shards hold exactly its token stream (files in
+sorted order). The input is planned into pieces of about --shard-mb of text, one shard each;
+a piece depends only on the input files, so a rerun skips the shards already finished (their
+.json record matches the piece) and redoes the rest. Shards made with another tokenizer are
+never mixed in: the tool refuses the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from titanlite.data.documents import DatasetError, SkippedRecords, list_files
+from titanlite.data.segments import Segment, plan_files, plan_hf, read_segment
+from titanlite.data.shards import FORMAT, MANIFEST, VERSION, ShardSet, dtype_for
+from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenizer_path
+
+_ENCODE_CHARS = 1 << 20  # text per encode_documents call
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizing one piece (in a worker process)
+
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_path: str, progress: Any, single_thread: bool) -> None:
+    if single_thread:
+        # Parallelism comes from the processes: one tokenizer thread each, no oversubscription.
+        os.environ["RAYON_NUM_THREADS"] = "1"
+    _worker.update(tokenizer=Tokenizer(tokenizer_path), progress=progress)
+
+
+def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, dtype: str) -> dict:
+    """Write shard `index` from `piece`; return its manifest entry (also written as .json)."""
+    tok: Tokenizer = _worker["tokenizer"]
+    name, out_dir, skipped = f"shard_{index:05d}", Path(out), SkippedRecords()
+    bin_tmp, idx_tmp = out_dir / f"{name}.bin.tmp", out_dir / f"{name}.idx.tmp"
+    entry = {"name": name, "tokens": 0, "documents": 0, "max_id": 0, "eos_count": 0,
+             "bin_crc32": 0, "idx_crc32": 0}
+    offsets = [0]
+    dt = np.dtype(dtype).newbyteorder("<")
+    texts = (t for seg in piece for t in read_segment(seg, text_field, skipped))
+    with bin_tmp.open("wb") as fb:
+        while batch := list(_take_chars(texts, _ENCODE_CHARS)):
+            docs = tok.encode_documents(batch)
+            n = sum(map(len, docs))
+            ids = np.fromiter(itertools.chain.from_iterable(docs), dtype=dt, count=n)
+            for d in docs:
+                offsets.append(offsets[-1] + len(d))
+            fb.write(ids.data)
+            entry["bin_crc32"] = zlib.crc32(ids.data, entry["bin_crc32"])
+            entry["max_id"] = max(entry["max_id"], int(ids.max()))
+            entry["eos_count"] += int(np.count_nonzero(ids == tok.eos_id))
+            entry["tokens"] += n
+            entry["documents"] += len(docs)
+            if _worker["progress"] is not None:
+                _worker["progress"].put((sum(map(len, batch)), n))
+    idx = np.asarray(offsets, dtype="<u8")
+    idx.tofile(idx_tmp)
+    entry["idx_crc32"] = zlib.crc32(idx.data)
+    entry.update(source=[dataclasses.asdict(s) for s in piece], text_field=text_field,
+                 tokenizer=tok.fingerprint, skipped=skipped.count, skipped_examples=skipped.examples)
+    bin_tmp.replace(out_dir / f"{name}.bin")
+    idx_tmp.replace(out_dir / f"{name}.idx")
+    _write_json(out_dir / f"{name}.json", entry)  # last: the shard is complete
+    return entry
+
+
+def _take_chars(texts, limit: int):
+    size = 0
+    for t in texts:
+        yield t
+        size += len(t)
+        if size >= limit:
+            return
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver
+
+
+def _write_json(path: Path, obj: Any, indent: int | None = None) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=indent))
+    tmp.replace(path)
+
+
+def _finished(out: Path, index: int, piece: list[Segment], text_field: str,
+              fingerprint: str) -> dict | None:
+    """The shard's entry if an earlier run completed it from this same piece."""
+    name = f"shard_{index:05d}"
+    try:
+        entry = json.loads((out / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = (entry.get("source") == [dataclasses.asdict(s) for s in piece]
+            and entry.get("text_field") == text_field and entry.get("tokenizer") == fingerprint)
+    sizes_ok = all((out / f"{name}.{ext}").is_file() for ext in ("bin", "idx"))
+    return entry if same and sizes_ok else None
+
+
+def _refuse_other_tokenizer(out: Path, tok: Tokenizer) -> None:
+    for record in sorted(out.glob("shard_*.json"))[:1] + [out / MANIFEST]:
+        if record.is_file():
+            fp = json.loads(record.read_text()).get("tokenizer")
+            fp = fp.get("fingerprint") if isinstance(fp, dict) else fp
+            if fp != tok.fingerprint:
+                raise DatasetError(
+                    f"--output {out} holds shards made with another tokenizer (fingerprint {fp}, "
+                    f"this one is {tok.fingerprint}): choose another --output, or delete it")
+
+
+class Progress:
+    """One status line on stderr: text read, tokens, tokens/s and the ETA (by text read)."""
+
+    def __init__(self, total_bytes: int):
+        self.total, self.done, self.tokens = max(1, total_bytes), 0, 0
+        self.start = self.last = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def add(self, nbytes: int, ntokens: int, force: bool = False) -> None:
+        self.done, self.tokens = self.done + nbytes, self.tokens + ntokens
+        now = time.perf_counter()
+        if not force and now - self.last < (0.5 if self.tty else 10):
+            return
+        self.last = now
+        rate = self.tokens / max(now - self.start, 1e-9)
+        eta = (now - self.start) * (self.total - self.done) / max(self.done, 1)
+        line = (f"prepare: {min(100, 100 * self.done / self.total):5.1f}%  {self.tokens:,} tokens  "
+                f"{rate:,.0f} tokens/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}")
+        print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", file=sys.stderr,
+              flush=True)
+
+
+def prepare(inputs: list[Path], output: Path, tokenizer_path: str = "", workers: int = 1,
+            shard_mb: float = 256, text_field: str = "text", hf: tuple | None = None,
+            quiet: bool = False) -> dict:
+    """Tokenize `inputs` (or the Hugging Face dataset `hf` = (name, config, split)) into shards
+    under `output`; return the manifest. workers = 1 tokenizes in this process."""
+    tok_path = resolve_tokenizer_path(tokenizer_path)
+    tok = Tokenizer(tok_path)
+    output.mkdir(parents=True, exist_ok=True)
+    _refuse_other_tokenizer(output, tok)
+    target = max(1, int(shard_mb * 2**20))
+    if hf is not None:
+        pieces, sources = plan_hf(*hf, target), [f"hf:{hf[0]}"]
+    else:
+        files = [f for p in inputs for f in list_files(p, key="prepare input")]
+        pieces, sources = plan_files(files, target), [str(p) for p in inputs]
+    dtype = dtype_for(tok.vocab_size)
+    entries: dict[int, dict] = {}
+    todo = []
+    for i, piece in enumerate(pieces):
+        done = _finished(output, i, piece, text_field, tok.fingerprint)
+        if done is not None:
+            entries[i] = done
+        else:
+            todo.append(i)
+    for stale in output.glob("shard_*"):  # shards of an earlier plan beyond this one's end
+        if int(stale.name[6:11]) >= len(pieces):
+            stale.unlink()
+    if entries and not quiet:
+        print(f"prepare: {len(entries)} of {len(pieces)} shards already done, skipped", file=sys.stderr)
+    progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
+    args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
+    if workers <= 1 or len(todo) <= 1:
+        queue = _Inline(progress)
+        _init_worker(str(tok_path), queue, single_thread=False)
+        for a in args:
+            entries[a[0]] = tokenize_piece(*a)
+    else:
+        entries.update(_run_pool(args, str(tok_path), workers, progress))
+    if progress is not None and todo:
+        progress.add(0, 0, force=True)
+        if progress.tty:
+            print(file=sys.stderr)
+    manifest = _manifest(entries, tok, dtype, text_field, sources)
+    _write_json(output / MANIFEST, manifest, indent=1)
+    return manifest
+
+
+class _Inline:
+    """The progress queue's interface when tokenizing in this process."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress = progress
+
+    def put(self, item: tuple[int, int]) -> None:
+        if self.progress is not None:
+            self.progress.add(*item)
+
+
+def _run_pool(args: list[tuple], tok_path: str, workers: int, progress: Progress | None) -> dict[int, dict]:
+    ctx = mp.get_context("spawn")  # fork would copy the tokenizer's Rust thread pool state
+    queue = ctx.Queue()
+    with ctx.Pool(min(workers, len(args)), _init_worker, (tok_path, queue, True)) as pool:
+        pending = [pool.apply_async(tokenize_piece, a) for a in args]
+        while not all(p.ready() for p in pending):
+            _drain(queue, progress, timeout=0.2)
+        _drain(queue, progress, timeout=0)
+        return {a[0]: p.get() for a, p in zip(args, pending)}
+
+
+def _drain(queue: Any, progress: Progress | None, timeout: float) -> None:
+    import queue as queue_lib
+
+    try:
+        while True:
+            item = queue.get(timeout=timeout)
+            if progress is not None:
+                progress.add(*item)
+    except queue_lib.Empty:
+        return
+
+
+def _manifest(entries: dict[int, dict], tok: Tokenizer, dtype: str, text_field: str,
+              sources: list[str]) -> dict:
+    ordered = [entries[i] for i in sorted(entries)]
+    # The pieces' sources stay in the shards' own records: with many small files they would
+    # make the manifest, which every rank reads, large.
+    shards = [{k: v for k, v in e.items() if k not in ("skipped_examples", "tokenizer", "source")}
+              for e in ordered if e["tokens"] > 0]  # a piece of only malformed records: no shard
+    return {
+        "format": FORMAT, "version": VERSION, "dtype": dtype, "text_field": text_field,
+        "tokenizer": {"fingerprint": tok.fingerprint, "path": str(tok.path),
+                      "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
+        "sources": sources, "tokens": sum(s["tokens"] for s in shards),
+        "documents": sum(s["documents"] for s in shards),
+        "skipped_records": sum(e["skipped"] for e in ordered),
+        "skipped_examples": [x for e in ordered for x in e["skipped_examples"]][:5],
+        "shards": shards,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="prepare_data", description=__doc__.split("\n\n")[0])
+    ap.add_argument("inputs", nargs="*", type=Path, help=".txt/.py/.jsonl/.parquet files or folders")
+    ap.add_argument("--output", type=Path, help="folder for the shards and manifest")
+    ap.add_argument("--tokenizer", default="", help="tokenizer.json (or folder); '' = built-in")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
+    ap.add_argument("--shard-mb", type=float, default=256, help="text per shard, MiB")
+    ap.add_argument("--text-field", default="text", help="text field of .jsonl/.parquet records")
+    ap.add_argument("--hf-dataset", help="a Hugging Face dataset name (needs `datasets`)")
+    ap.add_argument("--hf-config", default=None)
+    ap.add_argument("--hf-split", default="train")
+    ap.add_argument("--verify", type=Path, help="check the checksums of a prepared dataset, and exit")
+    a = ap.parse_args(argv)
+    if a.verify:
+        return verify(a.verify)
+    if a.output is None:
+        ap.error("--output is required")
+    if bool(a.inputs) == bool(a.hf_dataset):
+        ap.error("give input files/folders or --hf-dataset (one of them)")
+    start = time.perf_counter()
+    try:
+        m = prepare(a.inputs, a.output, a.tokenizer, a.workers, a.shard_mb, a.text_field,
+                    (a.hf_dataset, a.hf_config, a.hf_split) if a.hf_dataset else None)
+    except (DatasetError, TokenizerError) as e:
+        print(f"prepare: error: {e}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - start
+    print(f"prepare: {m['tokens']:,} tokens, {m['documents']:,} documents in {len(m['shards'])} "
+          f"{m['dtype']} shards at {a.output / MANIFEST} ({took:.1f}s; {m['skipped_records']} "
+          "malformed records skipped)")
+    return 0
+
+
+def verify(path: Path) -> int:
+    try:
+        shards = ShardSet(path, key="--verify")
+    except DatasetError as e:
+        print(f"prepare: error: {e}", file=sys.stderr)
+        return 2
+    problems = shards.verify_checksums()
+    for p in problems:
+        print(f"  - {p}")
+    m = shards.manifest
+    print(f"{shards.manifest_file}: {f'{len(problems)} problem(s)' if problems else 'OK'} "
+          f"({len(shards.shards)} shards, {shards.total_tokens:,} {m['dtype']} tokens, "
+          f"{m['documents']:,} documents, tokenizer {m['tokenizer']['fingerprint']})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The validation loss: held-out windows through the same parallelized model, without gradients.
+
+Every rank sees the same held-out window stream, unshuffled (the text files in sorted order, or
+the prepared shards in manifest order), and reads its part of each global batch by the training
+rule (`RankSplit`). Each batch's loss is the mean over its tokens; the result is the mean over the
+batches and the data-parallel ranks, so it is the same number under every parallel layout with
+the same global batch. Text is tokenized once, at start, and kept in memory (held-out sets are
+small; prepare a large one as shards, which are memory-mapped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from parallelisms import loss_context
+from titanlite.config_schema import Validation
+from titanlite.data import DatasetError, DataSource, ShardSet, Tokenizer
+from titanlite.data.rank_split import RankSplit
+from titanlite.data.text_dataset import read_stream
+from titanlite.logging import logger
+
+
+class ValidationData:
+    """The held-out windows of one rank, batch by batch."""
+
+    def __init__(self, source: DataSource, tokenizer: Tokenizer, seq_len: int, local_batch_size: int,
+                 dp_rank: int, dp_size: int, steps: int, text_field: str = "text"):
+        n = seq_len + 1
+        if isinstance(source, ShardSet):
+            windows = source.num_windows(seq_len)
+            self._window = lambda w: source.window(w, seq_len)
+        else:
+            tokens = np.asarray(read_stream(source, tokenizer, text_field), dtype=np.int64)
+            windows = len(tokens) // n
+            table = tokens[: windows * n].reshape(windows, n)
+            self._window = lambda w: table[w]
+        self.split = RankSplit(local_batch_size, dp_rank, dp_size)
+        available = windows // self.split.chunk
+        if available == 0:
+            raise DatasetError(
+                f"validation.dataset_path holds {windows} windows of seq_len + 1 = {n} tokens, fewer "
+                f"than one global batch ({self.split.chunk}); give it more data or lower "
+                "validation.local_batch_size")
+        if steps > available:
+            logger.warning(f"validation.steps = {steps}, but the held-out data holds only "
+                           f"{available} global batches: validating on {available}")
+        self.steps = available if steps == -1 else min(steps, available)
+        self.local_batch_size = local_batch_size
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for step in range(self.steps):
+            first = step * self.local_batch_size
+            rows = [self._window(self.split.position(first + j)) for j in range(self.local_batch_size)]
+            t = torch.from_numpy(np.stack(rows).astype(np.int64))
+            yield t[:, :-1], t[:, 1:]
+
+
+class Validator:
+    def __init__(self, cfg: Validation, data: ValidationData, model: nn.Module, loss_fn: Callable,
+                 device: torch.device, loss_parallel: bool, amp: contextlib.AbstractContextManager,
+                 global_mean: Callable[[torch.Tensor], float]):
+        self.cfg, self.data, self.model, self.loss_fn = cfg, data, model, loss_fn
+        self.device, self.loss_parallel, self.amp = device, loss_parallel, amp
+        self.global_mean = global_mean
+
+    def due(self, step: int, total_steps: int) -> bool:
+        return step % self.cfg.freq == 0 or step == total_steps
+
+    @torch.no_grad()
+    def run(self) -> float:
+        total = torch.zeros((), device=self.device)
+        for inputs, labels in self.data.batches():
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            with loss_context(self.loss_parallel), self.amp:
+                loss = self.loss_fn(self.model(inputs), labels)
+            total += loss.full_tensor() if isinstance(loss, DTensor) else loss
+        return self.global_mean(total / self.data.steps)
