@@ -28,7 +28,7 @@ CONTINUE = ["--model.n_kv_heads", "4", "--optimizer.lr", "0", "--training.steps"
 def first_batch_loss(step, hf_folder) -> tuple[float, float]:
     """(titanlite's, transformers') loss on the first batch the trainer reads, 1 process."""
     _, pre = preflight.run([*COMMON, *LAYOUTS["one"][1], *CONTINUE], 1)
-    loader = build_dataloader(pre.dataset_files, Tokenizer(pre.tokenizer_path), seq_len=64,
+    loader = build_dataloader(pre.dataset, Tokenizer(pre.tokenizer_path), seq_len=64,
                               local_batch_size=8, dp_rank=0, dp_size=1, seed=0)
     inputs, labels = next(iter(loader))
     from models.llama import Transformer
