@@ -29,6 +29,9 @@ class Job:
     print_config: bool = opt(False, "print the resolved config at start")
     print_args: bool = opt(False, "TorchTitan's name for print_config")
     use_for_integration_test: bool = opt(False, "a tag TorchTitan uses; no effect")
+    requeue_on_preemption: bool = opt(
+        True, "under SLURM, `scontrol requeue` the job after the checkpoint that SIGTERM/SIGUSR1 "
+        "triggers (see docs/slurm.md)")
 
 
 @dataclass

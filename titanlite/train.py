@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from titanlite.float8 import float8_options
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger
 from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from titanlite.preemption import PREEMPTED_EXIT_CODE, StopRequest, requeue_slurm_job
 from titanlite.profiling import maybe_profile
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -206,8 +208,11 @@ class Trainer:
         self.checkpointer.save(0, weights_only=True)
         logger.info(f"seed checkpoint written to {self.checkpointer.folder / 'step-0'}")
 
-    def train(self) -> list[dict]:
+    def train(self, stop: StopRequest | None = None) -> list[dict]:
+        """The loop; `self.preempted` is the signal number that stopped it early, else 0."""
         t, state = self.job.training, self.train_state
+        stop = stop or StopRequest()
+        self.preempted = 0
         gc.disable()
         gc.collect()
         data_iter = iter(self.dataloader)
@@ -229,13 +234,35 @@ class Trainer:
                     records.append(self.metrics.log(
                         state.step, self.global_mean(loss), grad_norm.item(), lr))
                 state.elapsed_s += time.perf_counter() - step_start
-                if self.checkpointer.should_save(state.step):
+                saved = self.checkpointer.should_save(state.step)
+                if saved:
                     self.checkpointer.save(state.step)
                 if profiler is not None:
                     profiler.step()
+                if (signum := stop.agreed()) and state.step < t.steps:
+                    self._stop_for_preemption(signum, saved)
+                    break
+        stop.restore()
         self.checkpointer.wait()
-        logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
+        if not self.preempted:
+            logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
         return records
+
+    def _stop_for_preemption(self, signum: int, saved: bool) -> None:
+        """Every rank is here at the same step: finish any background save, then save this
+        step synchronously (the job may be killed soon after), unless it was just saved."""
+        self.preempted = signum
+        step = self.train_state.step
+        name = signal.Signals(signum).name
+        if not self.job.checkpoint.enable_checkpoint:
+            logger.warning(f"{name}: stopping after step {step} WITHOUT a checkpoint "
+                           "(checkpoint.enable_checkpoint is off): a restart begins at step 0")
+            return
+        self.checkpointer.wait()
+        if not saved:
+            self.checkpointer.save(step, force_sync=True)
+        logger.info(f"{name}: stopped after step {step}; checkpoint "
+                    f"{self.checkpointer.folder / f'step-{step}'} is complete")
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -247,6 +274,9 @@ class Trainer:
 
 def main(argv: list[str]) -> int:
     init_logger()
+    # First: a preemption notice during start-up must not kill the process (the default action
+    # of SIGUSR1); it is honoured after the first step.
+    stop = StopRequest()
     try:
         job, pre = preflight.run(argv, distributed.launched_world_size())
     except preflight.user_errors() as e:
@@ -264,9 +294,15 @@ def main(argv: list[str]) -> int:
         if job.checkpoint.create_seed_checkpoint:
             trainer.save_seed_checkpoint()
         else:
-            trainer.train()
+            trainer.train(stop)
     finally:
         trainer.close()
+    if getattr(trainer, "preempted", 0):
+        # After close(): the checkpoint is complete on every rank before SLURM (which a
+        # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
+        if job.job.requeue_on_preemption and os.environ.get("RANK", "0") == "0":
+            requeue_slurm_job()
+        return PREEMPTED_EXIT_CODE
     return 0
 
 
