@@ -9,26 +9,18 @@ import sys
 import time
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, check, clean_env, free_port, read_jsonl
+from helpers import ROOT, SHORT_RUN, SHORT_RUN_STEPS, check, clean_env, free_port, losses_by_step
 
 from titanlite.checkpoint_storage import complete_steps, verify
 from titanlite.preemption import PREEMPTED_EXIT_CODE
 
-STEPS = 16
-ARGS = ["--config", str(DEBUG_CONFIG), "--training.seq_len", "64", "--training.local_batch_size",
-        "4", "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
-        "--training.deterministic", "--checkpoint.enable_checkpoint", "--training.steps", str(STEPS)]
+STEPS, ARGS, losses = SHORT_RUN_STEPS, SHORT_RUN, losses_by_step
 
 
 def torchrun_cmd(folder, *extra: str, max_restarts: int = 0) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
             f"--master_port={free_port()}", f"--max-restarts={max_restarts}", "-m",
             "titanlite.train", *ARGS, "--job.dump_folder", str(folder), *extra]
-
-
-def losses(folder) -> dict[int, float]:
-    # A relaunch appends to metrics.jsonl: the last record of a step wins.
-    return {r["step"]: r["loss"] for r in read_jsonl(folder / "metrics.jsonl")}
 
 
 def workers(folder) -> dict[int, int]:
@@ -55,16 +47,8 @@ def wait_for_step(folder, step: int, proc: subprocess.Popen, timeout: float = 12
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    check(subprocess.run(torchrun_cmd(folder, "--checkpoint.interval", "100"), cwd=ROOT,
-                         env=clean_env(), capture_output=True, text=True, timeout=300))
-    return losses(folder)
-
-
 @pytest.mark.slow
-def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(uninterrupted, tmp_path):
+def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(two_rank_reference, tmp_path):
     # Async saves every 2 steps, and the signal is sent while one is in flight: the stop must
     # finish it (partial dir + rename) and leave only loadable checkpoints.
     proc = subprocess.Popen(
@@ -100,11 +84,11 @@ def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(unin
     assert f"resuming at step {step}" in resumed.stderr
     got = losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
-    assert all(got[s] == uninterrupted[s] for s in got), (got, uninterrupted)  # bit-exact
+    assert all(got[s] == two_rank_reference[s] for s in got), (got, two_rank_reference)  # bit-exact
 
 
 @pytest.mark.slow
-def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(uninterrupted, tmp_path):
+def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(two_rank_reference, tmp_path):
     # Through run_train.sh: MAX_RESTARTS reaches torchrun.
     cmd = ["bash", str(ROOT / "run_train.sh"), *ARGS, "--checkpoint.interval", "4",
            "--job.dump_folder", str(tmp_path)]
@@ -118,6 +102,8 @@ def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(unint
     finally:
         if proc.poll() is None:
             proc.kill()
+            out, err = proc.communicate()
+            print(err[-6000:])
     assert proc.returncode == 0, err[-4000:]
     log = out + err
     resumed = [ln for ln in log.splitlines() if "resuming at step" in ln]
@@ -127,6 +113,6 @@ def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(unint
     got = losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
     # Every step, the re-done ones included, equals the uninterrupted run bit for bit.
-    assert all(got[s] == uninterrupted[s] for s in got), (got, uninterrupted)
+    assert all(got[s] == two_rank_reference[s] for s in got), (got, two_rank_reference)
     print(f"SIGKILL after step-{step} was saved; restarted group done "
           f"{time.time() - killed_at:.1f}s after the kill")
