@@ -21,7 +21,6 @@ import torch.distributed as dist
 from titanlite.logging import logger
 
 PREEMPTED_EXIT_CODE = 75
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:
@@ -30,7 +29,17 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum = 0
         self._flag = torch.zeros(1, dtype=torch.int32)
-        self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        # SIGUSR1 at once: SLURM's notice may come during start-up (it would kill the process);
+        # it is honoured after the first step.
+        self._previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._handle)}
+
+    def arm(self) -> None:
+        """SIGTERM only from the first step on. A Python handler runs only between bytecodes,
+        so while start-up blocks in C++ (a store or rendezvous wait for a rank that died) a
+        handled SIGTERM would be ignored, and torchrun, which stops a failed group with
+        SIGTERM, would have to wait for its SIGKILL. With nothing to save yet, the default
+        action (die now) is right."""
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
         # Nothing else here: logging or I/O from a handler can deadlock on the interrupted

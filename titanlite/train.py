@@ -212,6 +212,7 @@ class Trainer:
         """The loop; `self.preempted` is the signal number that stopped it early, else 0."""
         t, state = self.job.training, self.train_state
         stop = stop or StopRequest()
+        stop.arm()
         self.preempted = 0
         gc.disable()
         gc.collect()
