@@ -49,7 +49,7 @@ class Metrics:
     enable_tensorboard: bool = opt(False, "write TensorBoard scalars")
     disable_color_printing: bool = opt(False, "plain console lines")
     save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
-    save_for_all_ranks: bool = opt(False, "TensorBoard from every rank", unsupported=True)
+    save_for_all_ranks: bool = opt(False, "TensorBoard from every rank, under rank_N/")
     enable_wandb: bool = opt(False, "Weights & Biases", unsupported=True)
     peak_flops: float | None = opt(
         None, "peak FLOP/s per device for MFU (default: from a table of known GPUs)", min=0.0
