@@ -101,8 +101,10 @@ def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(two_r
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            out, err = proc.communicate()
+            # The workers hold the pipes: without them gone, communicate() would wait for them.
+            for pid in [*workers(tmp_path).values(), proc.pid]:
+                os.kill(pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=30)
             print(err[-6000:])
     assert proc.returncode == 0, err[-4000:]
     log = out + err
