@@ -2,6 +2,7 @@
 complete checkpoint and exit status 75, and a relaunch ends where an uninterrupted run ends;
 SIGKILL of one rank makes torchrun (MAX_RESTARTS) restart the group from the latest checkpoint."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,7 +104,8 @@ def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(two_r
         if proc.poll() is None:
             # The workers hold the pipes: without them gone, communicate() would wait for them.
             for pid in [*workers(tmp_path).values(), proc.pid]:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             out, err = proc.communicate(timeout=30)
             print(err[-6000:])
     assert proc.returncode == 0, err[-4000:]
