@@ -5,6 +5,10 @@
 #   NGPU      processes per node (default: number of visible CUDA GPUs, else 1)
 #   LOG_RANK  comma-separated ranks whose output is shown (default 0)
 #   CONFIG    config file when --config is not given (default train_configs/debug_model.toml)
+#   MAX_RESTARTS  times torchrun restarts the whole group after a rank fails (default 0); the
+#             restarted group resumes from the latest checkpoint
+#   STOP_GRACE_SECONDS  how long, after SIGTERM/SIGUSR1 reaches torchrun, the ranks get to finish
+#             the step and save a checkpoint before torchrun kills them (default 300)
 # --dry-run [--dry-run.world_size N] [--dry-run.device_memory_gib 80]: plan without training
 #   (world size default: NGPU x NNODES); see docs/dry_run.md
 set -euo pipefail
@@ -50,6 +54,9 @@ LOG_RANK="${LOG_RANK:-0}"
 # exit code 2 instead of a torchrun traceback from every rank.
 WORLD_SIZE="$NGPU" "$PYTHON" -m titanlite.preflight --config "$config" ${args[@]+"${args[@]}"}
 
+# torchrun forwards SIGUSR1 too (a preemption notice; by default it would kill torchrun), and
+# waits STOP_GRACE_SECONDS for the ranks' final checkpoint; see titanlite/preemption.py.
 exec "$PYTHON" -m torch.distributed.run --nproc_per_node="$NGPU" --nnodes=1 --standalone \
-    --local-ranks-filter "$LOG_RANK" \
+    --max-restarts "${MAX_RESTARTS:-0}" --signals_to_handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+    --shutdown_timeout "${STOP_GRACE_SECONDS:-300}" --local-ranks-filter "$LOG_RANK" \
     -m titanlite.train --config "$config" ${args[@]+"${args[@]}"}

@@ -13,6 +13,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DEBUG_CONFIG = ROOT / "train_configs" / "debug_model.toml"
 
 
+# A short deterministic 2-rank FSDP run of the debug model, shared by the preemption, restart and
+# SLURM tests so that one uninterrupted run (fixture `two_rank_reference`) serves them all.
+SHORT_RUN_STEPS = 8
+SHORT_RUN = ["--config", str(DEBUG_CONFIG), "--training.seq_len", "64",
+             "--training.local_batch_size", "4", "--metrics.log_freq", "1",
+             "--metrics.enable_tensorboard", "false", "--training.deterministic",
+             "--checkpoint.enable_checkpoint", "--training.steps", str(SHORT_RUN_STEPS)]
+
+
+def losses_by_step(folder: Path) -> dict[int, float]:
+    """metrics.jsonl as {step: loss}; a relaunch appends, so the last record of a step wins."""
+    return {r["step"]: r["loss"] for r in read_jsonl(folder / "metrics.jsonl")}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,6 +29,9 @@ class Job:
     print_config: bool = opt(False, "print the resolved config at start")
     print_args: bool = opt(False, "TorchTitan's name for print_config")
     use_for_integration_test: bool = opt(False, "a tag TorchTitan uses; no effect")
+    requeue_on_preemption: bool = opt(
+        True, "under SLURM, `scontrol requeue` the job after the checkpoint that SIGTERM/SIGUSR1 "
+        "triggers (see docs/slurm.md)")
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Metrics:
     enable_tensorboard: bool = opt(False, "write TensorBoard scalars")
     disable_color_printing: bool = opt(False, "plain console lines")
     save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
-    save_for_all_ranks: bool = opt(False, "TensorBoard from every rank", unsupported=True)
+    save_for_all_ranks: bool = opt(False, "TensorBoard from every rank, under rank_N/")
     enable_wandb: bool = opt(False, "Weights & Biases", unsupported=True)
     peak_flops: float | None = opt(
         None, "peak FLOP/s per device for MFU (default: from a table of known GPUs)", min=0.0

@@ -37,8 +37,21 @@ def init(timeout_seconds: int) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_seconds)
-    if "RANK" in os.environ:
-        dist.init_process_group(backend_for(device), timeout=timeout, device_id=device if device.type == "cuda" else None)
+    device_id = device if device.type == "cuda" else None
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if "RANK" in os.environ and restart != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After torchrun restarts a failed group, the workers share the agent's store with the
+        # dead group, whose keys (gloo's listening addresses) are still there: a new rank can
+        # read a dead rank's address before its peer overwrites it ("connectFullMesh ...
+        # Connection refused"). A key prefix per restart keeps the groups apart.
+        store = dist.PrefixStore(f"titanlite_restart_{restart}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=timeout))
+        dist.init_process_group(backend_for(device), store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout,
+                                device_id=device_id)
+    elif "RANK" in os.environ:
+        dist.init_process_group(backend_for(device), timeout=timeout, device_id=device_id)
     else:
         dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout)

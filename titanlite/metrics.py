@@ -1,11 +1,17 @@
 """Training metrics: a console line, metrics.jsonl and TensorBoard scalars, all with the same
-values. MFU is reported only where the device's peak is known; on CPU it is null."""
+values. MFU is reported only where the device's peak is known; on CPU it is null.
+
+TensorBoard: `{dump_folder}/{save_tb_folder}/run-TIME/` (rank_N/ below it for every rank with
+metrics.save_for_all_ranks), one folder per run: a launch that resumes from a checkpoint writes
+into the latest folder, on the global step axis, and hides the curves' points after the
+checkpoint that it trains again (purge_step). Tags are grouped as in docs/monitoring.md."""
 
 from __future__ import annotations
 
 import json
 import resource
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +50,30 @@ def memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
 
 
+# metrics.jsonl key -> TensorBoard tag.
+TB_TAGS = {
+    "loss": "loss/train", "tps": "throughput/tps", "tflops": "throughput/tflops",
+    "mfu": "throughput/mfu_pct", "memory_gib": "memory/peak_gib", "step_time_s": "time/step_s",
+    "data_loading_pct": "time/data_loading_pct", "checkpoint_blocked_s": "time/checkpoint_blocked_s",
+    "lr": "optim/lr", "grad_norm": "optim/grad_norm", "val_loss": "loss/validation",
+}
+
+
+def tb_run_dir(root: Path, resumed: bool) -> Path:
+    """A new timestamped run folder, or for a resumed run the latest one (same curves)."""
+    runs = sorted(p for p in root.glob("run-*") if p.is_dir()) if root.exists() else []
+    if resumed and runs:
+        return runs[-1]
+    return root / f"run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
 class MetricsLogger:
     """Collects per-step figures and writes them every `log_freq` steps (rank 0 writes files)."""
 
     def __init__(self, cfg: Metrics, dump_folder: Path, device: torch.device, write_files: bool,
                  flops_per_token: int, tokens_per_step_per_device: float, total_steps: int,
-                 start_step: int = 0):
+                 start_step: int = 0, rank: int = 0, config_text: str = "",
+                 tb_dir: Path | None = None):
         self.cfg, self.device, self.start_step = cfg, device, start_step
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
         self.tokens_per_step = tokens_per_step_per_device
@@ -58,15 +82,23 @@ class MetricsLogger:
         if write_files:
             dump_folder.mkdir(parents=True, exist_ok=True)
             self.jsonl = (dump_folder / "metrics.jsonl").open("a", buffering=1)
-            if cfg.enable_tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
+        if cfg.enable_tensorboard and tb_dir is not None and (write_files or cfg.save_for_all_ranks):
+            from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(log_dir=str(dump_folder / cfg.save_tb_folder))
+            if cfg.save_for_all_ranks:
+                tb_dir = tb_dir / f"rank_{rank}"
+            # purge_step: points at or after it from an earlier launch are steps this one
+            # trains again (after a restart), and TensorBoard hides them.
+            self.tb = SummaryWriter(log_dir=str(tb_dir), purge_step=start_step + 1)
+            if start_step == 0 and config_text:
+                self.tb.add_text("config", "```toml\n" + config_text + "\n```", 0)
         self._reset(time.perf_counter())
         self.start = self.window_start
+        self.checkpoint_time = 0.0
 
     def _reset(self, now: float) -> None:
         self.window_start, self.window_steps, self.data_time = now, 0, 0.0
+        self.window_checkpoint_time = 0.0
 
     def add_data_time(self, seconds: float) -> None:
         self.data_time += seconds
@@ -74,6 +106,11 @@ class MetricsLogger:
     def exclude_time(self, seconds: float) -> None:
         """Leave work that is not training (validation) out of this window's throughput."""
         self.window_start += seconds
+
+    def add_checkpoint_time(self, seconds: float) -> None:
+        """Time the loop was blocked by a save (the part of a save that training waits for)."""
+        self.window_checkpoint_time += seconds
+        self.checkpoint_time += seconds
 
     def should_log(self, step: int) -> bool:
         first = step == self.start_step + 1
@@ -92,7 +129,8 @@ class MetricsLogger:
             "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr, "tps": tps,
             "tflops": tflops, "mfu": None if self.peak is None else 100 * tflops * 1e12 / self.peak,
             "memory_gib": memory_gib(self.device), "data_loading_pct": 100 * self.data_time / elapsed,
-            "elapsed_s": now - self.start,
+            "step_time_s": elapsed / max(1, self.window_steps),
+            "checkpoint_blocked_s": self.window_checkpoint_time, "elapsed_s": now - self.start,
         }
         if val_loss is not None:  # only on the steps that validated
             record["val_loss"] = val_loss
@@ -114,10 +152,18 @@ class MetricsLogger:
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(r) + "\n")
         if self.tb is not None:
-            for key, value in r.items():
-                if key != "step" and value is not None:
-                    tag = "validation/loss" if key == "val_loss" else f"train/{key}"
-                    self.tb.add_scalar(tag, value, r["step"])
+            for key, tag in TB_TAGS.items():
+                if r.get(key) is not None:
+                    self.tb.add_scalar(tag, r[key], r["step"])
+
+    def log_goodput(self, step: int, goodput: dict[str, float]) -> None:
+        """The end-of-run goodput (titanlite.train.goodput) on the console and in TensorBoard."""
+        parts = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in goodput.items()
+                          if k.endswith("_s") and k != "wall_s")
+        logger.info(f"goodput {goodput['goodput_pct']:.1f}% of {goodput['wall_s']:.1f}s ({parts})")
+        if self.tb is not None:
+            for key, value in goodput.items():
+                self.tb.add_scalar(f"goodput/{key}", value, step)
 
     def close(self) -> None:
         if self.jsonl is not None:

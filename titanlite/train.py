@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,8 +31,9 @@ from titanlite.config_schema import JobConfig
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.float8 import float8_options
 from titanlite.logging import init_logger, logger
-from titanlite.metrics import MetricsLogger
+from titanlite.metrics import MetricsLogger, tb_run_dir
 from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from titanlite.preemption import PREEMPTED_EXIT_CODE, StopRequest, requeue_slurm_job
 from titanlite.profiling import maybe_profile
 from titanlite.validate import ValidationData, Validator
 
@@ -70,8 +73,10 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
 
 class Trainer:
-    def __init__(self, job: JobConfig, pre: preflight.Preflight):
+    def __init__(self, job: JobConfig, pre: preflight.Preflight, launch_start: float | None = None):
         self.job, self.pre = job, pre
+        # For goodput: start-up (imports, process group, model init, loading) counts as lost.
+        self.launch_start = time.perf_counter() if launch_start is None else launch_start
         t = job.training
         self.device = distributed.init(job.comm.init_timeout_seconds)
         self.rank = dist.get_rank()
@@ -145,10 +150,16 @@ class Trainer:
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
         tokens_per_device = t.local_batch_size * t.seq_len * self.grad_accum_steps / self.dims.tp
+        # Steps up to here were trained by an earlier launch past its last checkpoint: this
+        # launch trains them again (lost time for goodput).
+        self.redo_until = last_logged_step(self.dump_folder) if self.checkpointer.resumed_from else 0
         self.metrics = MetricsLogger(
             job.metrics, self.dump_folder, self.device, write_files=self.rank == 0,
             flops_per_token=self.flops_per_token, tokens_per_step_per_device=tokens_per_device,
-            total_steps=t.steps, start_step=self.train_state.step)
+            total_steps=t.steps, start_step=self.train_state.step, rank=self.rank,
+            config_text=config_lib.to_toml(job),
+            tb_dir=tb_run_dir(self.dump_folder / job.metrics.save_tb_folder,
+                              resumed=self.checkpointer.resumed_from is not None))
         logger.info(
             f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "
             f"micro-batch, {self.grad_accum_steps} micro-batch(es) per step, data-parallel degree "
@@ -190,7 +201,8 @@ class Trainer:
             inputs, labels = next(data_iter)
             batches.append((inputs.to(self.device, non_blocking=True),
                             labels.to(self.device, non_blocking=True)))
-        self.metrics.add_data_time(time.perf_counter() - start)
+        self.last_data_s = time.perf_counter() - start
+        self.metrics.add_data_time(self.last_data_s)
         return batches
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -229,21 +241,29 @@ class Trainer:
             return None
         start = time.perf_counter()
         val_loss = self.validator.run()
-        self.metrics.exclude_time(time.perf_counter() - start)
+        self.last_val_s = time.perf_counter() - start
+        self.metrics.exclude_time(self.last_val_s)
         return val_loss
 
     def save_seed_checkpoint(self) -> None:
         self.checkpointer.save(0, weights_only=True)
         logger.info(f"seed checkpoint written to {self.checkpointer.folder / 'step-0'}")
 
-    def train(self) -> list[dict]:
+    def train(self, stop: StopRequest | None = None) -> list[dict]:
+        """The loop; `self.preempted` is the signal number that stopped it early, else 0."""
         t, state = self.job.training, self.train_state
+        stop = stop or StopRequest()
+        stop.arm()
+        self.preempted = 0
         gc.disable()
         gc.collect()
         data_iter = iter(self.dataloader)
         distributed.set_timeout(self.job.comm.train_timeout_seconds)
         tokens_per_step = t.local_batch_size * t.seq_len * self.grad_accum_steps * self.dims.dp_size
         records = []
+        lost = self.lost = {"init_s": time.perf_counter() - self.launch_start, "data_s": 0.0,
+                            "checkpoint_s": 0.0, "redone_s": 0.0, "validation_s": 0.0}
+        productive = 0.0
         with maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler:
             while state.step < t.steps:
                 step_start = time.perf_counter()
@@ -254,19 +274,62 @@ class Trainer:
                 loss, grad_norm, lr = self.train_step(microbatches)
                 state.tokens_seen += tokens_per_step
                 self.metrics.count_step()
+                self.last_val_s = 0.0
                 val_loss = self.validate(state.step)
                 # Reading the loss syncs with the device: only on the steps that log it.
                 if self.metrics.should_log(state.step) or val_loss is not None:
                     records.append(self.metrics.log(
                         state.step, self.global_mean(loss), grad_norm.item(), lr, val_loss))
-                state.elapsed_s += time.perf_counter() - step_start
-                if self.checkpointer.should_save(state.step):
+                step_s = time.perf_counter() - step_start
+                state.elapsed_s += step_s
+                lost["data_s"] += self.last_data_s
+                lost["validation_s"] += self.last_val_s
+                trained_s = step_s - self.last_data_s - self.last_val_s
+                if state.step <= self.redo_until:
+                    lost["redone_s"] += trained_s
+                else:
+                    productive += trained_s
+                saved = self.checkpointer.should_save(state.step)
+                if saved:
+                    blocked_start = time.perf_counter()
                     self.checkpointer.save(state.step)
+                    self.metrics.add_checkpoint_time(time.perf_counter() - blocked_start)
+                    lost["checkpoint_s"] += time.perf_counter() - blocked_start
                 if profiler is not None:
                     profiler.step()
+                if (signum := stop.agreed()) and state.step < t.steps:
+                    self._stop_for_preemption(signum, saved)
+                    break
+        stop.restore()
+        blocked_start = time.perf_counter()
         self.checkpointer.wait()
-        logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
+        lost["checkpoint_s"] += time.perf_counter() - blocked_start
+        if not self.preempted:
+            logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
+        wall = time.perf_counter() - self.launch_start
+        self.metrics.log_goodput(state.step, {
+            "goodput_pct": 100 * productive / wall, "wall_s": wall, "productive_s": productive,
+            **lost})
         return records
+
+    def _stop_for_preemption(self, signum: int, saved: bool) -> None:
+        """Every rank is here at the same step: finish any background save, then save this
+        step synchronously (the job may be killed soon after), unless it was just saved."""
+        self.preempted = signum
+        step = self.train_state.step
+        name = signal.Signals(signum).name
+        if not self.job.checkpoint.enable_checkpoint:
+            logger.warning(f"{name}: stopping after step {step} WITHOUT a checkpoint "
+                           "(checkpoint.enable_checkpoint is off): a restart begins at step 0")
+            return
+        self.checkpointer.wait()
+        if not saved:
+            blocked_start = time.perf_counter()
+            self.checkpointer.save(step, force_sync=True)
+            self.metrics.add_checkpoint_time(time.perf_counter() - blocked_start)
+            self.lost["checkpoint_s"] += time.perf_counter() - blocked_start
+        logger.info(f"{name}: stopped after step {step}; checkpoint "
+                    f"{self.checkpointer.folder / f'step-{step}'} is complete")
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -276,8 +339,21 @@ class Trainer:
             dist.destroy_process_group()
 
 
+def last_logged_step(dump_folder: Path) -> int:
+    """The highest step in metrics.jsonl (0 if none): how far earlier launches got."""
+    path = dump_folder / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
+    return max(steps, default=0)
+
+
 def main(argv: list[str]) -> int:
+    launch_start = time.perf_counter()
     init_logger()
+    # First: a preemption notice during start-up must not kill the process (the default action
+    # of SIGUSR1); it is honoured after the first step.
+    stop = StopRequest()
     try:
         job, pre = preflight.run(argv, distributed.launched_world_size())
     except preflight.user_errors() as e:
@@ -287,7 +363,7 @@ def main(argv: list[str]) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(config_lib.to_toml(job))
     try:
-        trainer = Trainer(job, pre)
+        trainer = Trainer(job, pre, launch_start)
     except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2
@@ -295,9 +371,15 @@ def main(argv: list[str]) -> int:
         if job.checkpoint.create_seed_checkpoint:
             trainer.save_seed_checkpoint()
         else:
-            trainer.train()
+            trainer.train(stop)
     finally:
         trainer.close()
+    if getattr(trainer, "preempted", 0):
+        # After close(): the checkpoint is complete on every rank before SLURM (which a
+        # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
+        if job.job.requeue_on_preemption and os.environ.get("RANK", "0") == "0":
+            requeue_slurm_job()
+        return PREEMPTED_EXIT_CODE
     return 0
 
 

@@ -59,9 +59,10 @@ def test_validation_loss_is_the_same_on_one_process_and_fsdp2_tp2(shards, tmp_pa
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(one / "tb"))
+    (run,) = (one / "tb").glob("run-*")
+    events = EventAccumulator(str(run))
     events.Reload()
-    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("validation/loss")] == \
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("loss/validation")] == \
         [(s, pytest.approx(v)) for s, v in sorted(val["one"].items())]
 
 

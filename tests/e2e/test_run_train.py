@@ -17,9 +17,10 @@ def test_debug_model_trains_and_logs(tmp_path):
     assert all(r["mfu"] is None for r in records)  # CPU: peak unknown, never invented
     assert all(r["tps"] > 0 and r["grad_norm"] > 0 for r in records)
 
-    events = EventAccumulator(str(tmp_path / "tb"))
+    (run,) = (tmp_path / "tb").glob("run-*")  # one launch, one timestamped run folder
+    events = EventAccumulator(str(run))
     events.Reload()
-    losses = events.Scalars("train/loss")
+    losses = events.Scalars("loss/train")
     assert [e.step for e in losses] == list(range(1, 31))
     assert losses[-1].value == pytest.approx(records[-1]["loss"], rel=1e-6)
     assert (tmp_path / "config.toml").read_text().count("steps = 30") == 1

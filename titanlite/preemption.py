@@ -1,0 +1,75 @@
+"""Graceful stop on preemption: SIGTERM or SIGUSR1 (SLURM's `--signal=USR1@120`) ends the run at
+the end of the current step, after a synchronous checkpoint, and under SLURM requeues the job.
+
+The signal handler only sets a flag: a handler that saved or exited itself could fire inside a
+collective or in the middle of a checkpoint write. The flag is turned into a decision that every
+rank shares by one all-reduce (MAX) of a single int per step, because a signal reaches ranks at
+different moments and a rank that stops alone would leave the others waiting in the next
+collective. Exit status `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again later") tells a
+launcher that the run stopped on purpose with its progress saved.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import torch
+import torch.distributed as dist
+
+from titanlite.logging import logger
+
+PREEMPTED_EXIT_CODE = 75
+
+
+class StopRequest:
+    """Installs the handlers; `agreed()` is the collective decision, called once per step."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        # SIGUSR1 at once: SLURM's notice may come during start-up (it would kill the process);
+        # it is honoured after the first step.
+        self._previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._handle)}
+
+    def arm(self) -> None:
+        """SIGTERM only from the first step on. A Python handler runs only between bytecodes,
+        so while start-up blocks in C++ (a store or rendezvous wait for a rank that died) a
+        handled SIGTERM would be ignored, and torchrun, which stops a failed group with
+        SIGTERM, would have to wait for its SIGKILL. With nothing to save yet, the default
+        action (die now) is right."""
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        # Nothing else here: logging or I/O from a handler can deadlock on the interrupted
+        # thread's locks.
+        self.signum = signum
+
+    def agreed(self) -> int:
+        """The signal number any rank received (0 = keep training); the same on every rank."""
+        self._flag.fill_(self.signum)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        return int(self._flag.item())
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def requeue_slurm_job() -> bool:
+    """`scontrol requeue $SLURM_JOB_ID` (rank 0 only, after the checkpoint is complete): SLURM
+    then ends this allocation and schedules the job again; it resumes from the checkpoint."""
+    job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return False
+    if task := os.environ.get("SLURM_ARRAY_TASK_ID"):
+        job_id = f"{job_id}_{task}"
+    proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if proc.returncode != 0:
+        logger.warning(f"scontrol requeue {job_id} failed ({proc.returncode}): "
+                       f"{proc.stderr.strip() or proc.stdout.strip()}")
+        return False
+    logger.info(f"SLURM job {job_id} requeued; it resumes from the checkpoint when rescheduled")
+    return True
