@@ -39,7 +39,7 @@ class Profiling:
     enable_profiling: bool = opt(False, "record torch.profiler traces")
     save_traces_folder: str = opt("profile_trace", "under job.dump_folder")
     profile_freq: int = opt(10, "steps between traces", min=1)
-    enable_memory_snapshot: bool = opt(False, "CUDA memory snapshots", unsupported=True)
+    enable_memory_snapshot: bool = opt(False, "CUDA allocator snapshots every profile_freq steps and on OOM")
     save_memory_snapshot_folder: str = opt("memory_snapshot", "under job.dump_folder")
 
 

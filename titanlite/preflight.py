@@ -119,6 +119,11 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
                  compile=t.compile)
     float8.check(job, fsdp_enabled=dims.fsdp_enabled, device_type=device or device_type(),
                  planning=device is not None)
+    if job.profiling.enable_memory_snapshot and (device or device_type()) != "cuda":
+        raise ConfigError(
+            "[profiling] enable_memory_snapshot records the CUDA caching allocator and this "
+            "machine has no CUDA device; turn it off (CPU memory shows as memory_gib in the metrics)"
+        )
     if t.enable_cpu_offload and (device or device_type()) != "cuda":
         raise ConfigError(
             "[training] enable_cpu_offload moves GPU memory to the host and needs CUDA; "

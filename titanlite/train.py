@@ -34,7 +34,7 @@ from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
 from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from titanlite.preemption import PREEMPTED_EXIT_CODE, StopRequest, requeue_slurm_job
-from titanlite.profiling import maybe_profile
+from titanlite.profiling import maybe_memory_snapshots, maybe_profile
 from titanlite.validate import ValidationData, Validator
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -264,14 +264,20 @@ class Trainer:
         lost = self.lost = {"init_s": time.perf_counter() - self.launch_start, "data_s": 0.0,
                             "checkpoint_s": 0.0, "redone_s": 0.0, "validation_s": 0.0}
         productive = 0.0
-        with maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler:
+        with (maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler,
+              maybe_memory_snapshots(self.job.profiling, self.dump_folder, self.rank) as snapshots):
             while state.step < t.steps:
                 step_start = time.perf_counter()
                 state.step += 1
                 if state.step % t.gc_freq == 0:
                     gc.collect(1)
                 microbatches = self.next_microbatches(data_iter)
-                loss, grad_norm, lr = self.train_step(microbatches)
+                try:
+                    loss, grad_norm, lr = self.train_step(microbatches)
+                except torch.OutOfMemoryError:
+                    if snapshots is not None:  # what filled the memory, before the error unwinds
+                        snapshots.dump(f"iteration_{state.step}_oom")
+                    raise
                 state.tokens_seen += tokens_per_step
                 self.metrics.count_step()
                 self.last_val_s = 0.0
@@ -297,6 +303,8 @@ class Trainer:
                     lost["checkpoint_s"] += time.perf_counter() - blocked_start
                 if profiler is not None:
                     profiler.step()
+                if snapshots is not None:
+                    snapshots.step(state.step)
                 if (signum := stop.agreed()) and state.step < t.steps:
                     self._stop_for_preemption(signum, saved)
                     break

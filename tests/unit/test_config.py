@@ -159,6 +159,7 @@ def _preflight(*argv: str, world_size: int = 1) -> subprocess.CompletedProcess:
     (["--training.dataset", "c4"], "training.dataset = 'c4' is not built in"),
     (["--model.n_heads", "7"], "dim = 256 is not divisible by n_heads = 7"),
     (["--training.enable_cpu_offload"], "enable_cpu_offload moves GPU memory to the host and needs CUDA"),
+    (["--profiling.enable_memory_snapshot"], "enable_memory_snapshot records the CUDA caching allocator"),
     (["--parallelism.tensor_parallel_degree", "3"], "world size 1 is not divisible"),
 ])
 def test_preflight_exit_code_2_one_line(argv, expected, monkeypatch, capsys):
