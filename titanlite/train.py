@@ -75,6 +75,8 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 class Trainer:
     def __init__(self, job: JobConfig, pre: preflight.Preflight, launch_start: float | None = None):
         self.job, self.pre = job, pre
+        self.config_text = config_lib.to_toml(job)  # saved, hashed and shown in TensorBoard
+        self.preempted = 0  # the signal number that stopped train() early
         # For goodput: start-up (imports, process group, model init, loading) counts as lost.
         self.launch_start = time.perf_counter() if launch_start is None else launch_start
         t = job.training
@@ -143,7 +145,7 @@ class Trainer:
         self.checkpointer = CheckpointManager(
             job.checkpoint, self.dump_folder, model=model, optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler, dataloader=self.dataloader,
-            train_state=self.train_state, config_hash=config_hash(config_lib.to_toml(job)),
+            train_state=self.train_state, config_hash=config_hash(self.config_text),
             total_steps=t.steps,
             model_config=model_config_record(job.model.name, job.model.flavor, pre.model_args,
                                              pre.tokenizer_path))
@@ -157,7 +159,7 @@ class Trainer:
             job.metrics, self.dump_folder, self.device, write_files=self.rank == 0,
             flops_per_token=self.flops_per_token, tokens_per_step_per_device=tokens_per_device,
             total_steps=t.steps, start_step=self.train_state.step, rank=self.rank,
-            config_text=config_lib.to_toml(job),
+            config_text=self.config_text,
             tb_dir=tb_run_dir(self.dump_folder / job.metrics.save_tb_folder,
                               resumed=self.checkpointer.resumed_from is not None))
         logger.info(
@@ -187,7 +189,7 @@ class Trainer:
 
     def _save_resolved_config(self) -> None:
         self.dump_folder.mkdir(parents=True, exist_ok=True)
-        path, text = self.dump_folder / "config.toml", config_lib.to_toml(self.job)
+        path, text = self.dump_folder / "config.toml", self.config_text
         if path.exists() and path.read_text() != text:
             kept = path.with_name(f"config.{int(path.stat().st_mtime)}.toml")
             path.rename(kept)
@@ -254,7 +256,6 @@ class Trainer:
         t, state = self.job.training, self.train_state
         stop = stop or StopRequest()
         stop.arm()
-        self.preempted = 0
         gc.disable()
         gc.collect()
         data_iter = iter(self.dataloader)
@@ -297,10 +298,7 @@ class Trainer:
                     productive += trained_s
                 saved = self.checkpointer.should_save(state.step)
                 if saved:
-                    blocked_start = time.perf_counter()
-                    self.checkpointer.save(state.step)
-                    self.metrics.add_checkpoint_time(time.perf_counter() - blocked_start)
-                    lost["checkpoint_s"] += time.perf_counter() - blocked_start
+                    self._timed_save(state.step)
                 if profiler is not None:
                     profiler.step()
                 if snapshots is not None:
@@ -320,6 +318,14 @@ class Trainer:
             **lost})
         return records
 
+    def _timed_save(self, step: int, **kwargs) -> None:
+        """Save, counting the time training is blocked in the metrics and in goodput."""
+        blocked_start = time.perf_counter()
+        self.checkpointer.save(step, **kwargs)
+        blocked = time.perf_counter() - blocked_start
+        self.metrics.add_checkpoint_time(blocked)
+        self.lost["checkpoint_s"] += blocked
+
     def _stop_for_preemption(self, signum: int, saved: bool) -> None:
         """Every rank is here at the same step: finish any background save, then save this
         step synchronously (the job may be killed soon after), unless it was just saved."""
@@ -332,10 +338,7 @@ class Trainer:
             return
         self.checkpointer.wait()
         if not saved:
-            blocked_start = time.perf_counter()
-            self.checkpointer.save(step, force_sync=True)
-            self.metrics.add_checkpoint_time(time.perf_counter() - blocked_start)
-            self.lost["checkpoint_s"] += time.perf_counter() - blocked_start
+            self._timed_save(step, force_sync=True)
         logger.info(f"{name}: stopped after step {step}; checkpoint "
                     f"{self.checkpointer.folder / f'step-{step}'} is complete")
 
@@ -382,7 +385,7 @@ def main(argv: list[str]) -> int:
             trainer.train(stop)
     finally:
         trainer.close()
-    if getattr(trainer, "preempted", 0):
+    if trainer.preempted:
         # After close(): the checkpoint is complete on every rank before SLURM (which a
         # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
         if job.job.requeue_on_preemption and os.environ.get("RANK", "0") == "0":
