@@ -10,6 +10,7 @@ between float8 and bf16 runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -100,8 +101,6 @@ def torchao_config(opts: Float8Options):
             enable_fsdp_float8_all_gather=opts.fsdp_float8_all_gather,
             force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd,
             emulate=opts.emulate)
-    import dataclasses
-
     config = Float8LinearConfig.from_recipe_name(opts.recipe)
     return dataclasses.replace(config, emulate=opts.emulate,
                                force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd)
