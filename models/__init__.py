@@ -20,7 +20,10 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "llama3": ModelSpec(
-        "llama3", llama.FLAVORS, llama.Transformer, llama.num_params,
+        "llama3",
+        llama.FLAVORS,
+        llama.Transformer,
+        llama.num_params,
         llama.training_flops_per_token,
     ),
 }

@@ -62,8 +62,13 @@ def _local_region(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], 
     return tensor, tuple(tensor.shape), (0,) * tensor.dim()
 
 
-def _global_indices(local_shape: tuple[int, ...], offset: tuple[int, ...],
-                    global_shape: tuple[int, ...], rows: slice, device: torch.device) -> torch.Tensor:
+def _global_indices(
+    local_shape: tuple[int, ...],
+    offset: tuple[int, ...],
+    global_shape: tuple[int, ...],
+    rows: slice,
+    device: torch.device,
+) -> torch.Tensor:
     strides = [1] * len(global_shape)
     for d in range(len(global_shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * global_shape[d + 1]
@@ -79,8 +84,9 @@ def _global_indices(local_shape: tuple[int, ...], offset: tuple[int, ...],
 
 
 @torch.no_grad()
-def fill_trunc_normal_(tensor: torch.Tensor, std: float, seed: int, name: str,
-                       cutoff: float | None = 2.0) -> torch.Tensor:
+def fill_trunc_normal_(
+    tensor: torch.Tensor, std: float, seed: int, name: str, cutoff: float | None = 2.0
+) -> torch.Tensor:
     """Fill with N(0, std²) truncated to [-cutoff, cutoff] (absolute, as torch's trunc_normal_;
     None = not truncated), by inverse-CDF sampling of hashed uniforms."""
     local, global_shape, offset = _local_region(tensor)

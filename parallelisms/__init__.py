@@ -8,6 +8,12 @@ from parallelisms.tensor_parallel import loss_context
 PARALLELIZE_FNS = {"llama3": parallelize_llama}
 
 __all__ = [
-    "PARALLELIZE_FNS", "LayoutError", "Meshes", "ParallelDims", "ParallelizeOptions", "check_layout",
-    "loss_context", "parallelize_llama",
+    "PARALLELIZE_FNS",
+    "LayoutError",
+    "Meshes",
+    "ParallelDims",
+    "ParallelizeOptions",
+    "check_layout",
+    "loss_context",
+    "parallelize_llama",
 ]

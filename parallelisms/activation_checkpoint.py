@@ -49,7 +49,9 @@ def apply_ac(blocks: dict[str, nn.Module], mode: str, option: str) -> dict[str, 
         if mode == "full":
             block = checkpoint_wrapper(block, preserve_rng_state=False)
         elif option == "op":
-            block = checkpoint_wrapper(block, context_fn=_op_policy_context, preserve_rng_state=False)
+            block = checkpoint_wrapper(
+                block, context_fn=_op_policy_context, preserve_rng_state=False
+            )
         elif i % int(option) == 0:
             block = checkpoint_wrapper(block, preserve_rng_state=False)
         wrapped[name] = block

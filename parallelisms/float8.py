@@ -45,36 +45,52 @@ class ConversionPlan:
     collectives: list[str] = field(default_factory=list)  # which all-gathers move float8
 
     def describe(self) -> str:
-        lines = [f"float8: converting {len(self.converted)} of "
-                 f"{len(self.converted) + len(self.skipped)} Linear layers"]
+        lines = [
+            f"float8: converting {len(self.converted)} of "
+            f"{len(self.converted) + len(self.skipped)} Linear layers"
+        ]
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         lines += [f"  {note}" for note in self.collectives]
         return "\n".join(lines)
 
 
-def check_float8(opts: Float8Options, *, fsdp_enabled: bool, device_type: str,
-                 cuda_capability: tuple[int, int] | None) -> None:
+def check_float8(
+    opts: Float8Options,
+    *,
+    fsdp_enabled: bool,
+    device_type: str,
+    cuda_capability: tuple[int, int] | None,
+) -> None:
     """Raise LayoutError (one line, with the fix) for a float8 setup this hardware cannot run.
     `cuda_capability` is None when unknown (a dry run planning for another machine)."""
     if opts.recipe not in RECIPES:
-        raise LayoutError(f"[float8] recipe_name = {opts.recipe!r}: expected one of {', '.join(RECIPES)}")
-    if (device_type == "cuda" and cuda_capability is not None
-            and cuda_capability < MIN_CUDA_CAPABILITY and not opts.emulate):
+        raise LayoutError(
+            f"[float8] recipe_name = {opts.recipe!r}: expected one of {', '.join(RECIPES)}"
+        )
+    if (
+        device_type == "cuda"
+        and cuda_capability is not None
+        and cuda_capability < MIN_CUDA_CAPABILITY
+        and not opts.emulate
+    ):
         have, need = ".".join(map(str, cuda_capability)), ".".join(map(str, MIN_CUDA_CAPABILITY))
         raise LayoutError(
             f"[float8] this GPU has compute capability {have}, and float8 matmuls need >= {need} "
             "(H100/H200, L40S, RTX 4090); set --float8.emulate true to run the float8 path in "
-            "high precision, or remove float8 from model.converters")
+            "high precision, or remove float8 from model.converters"
+        )
     if opts.fsdp_float8_all_gather and opts.recipe != "tensorwise":
         raise LayoutError(
             f"[float8] recipe_name = {opts.recipe!r} scales weights per row, which the FSDP float8 "
             "all-gather cannot carry (it needs one scale per tensor); set "
-            "--float8.enable_fsdp_float8_all_gather false or use recipe_name = 'tensorwise'")
+            "--float8.enable_fsdp_float8_all_gather false or use recipe_name = 'tensorwise'"
+        )
     if opts.fsdp_float8_all_gather and fsdp_enabled and not opts.float8_collectives:
         raise LayoutError(
             f"[float8] enable_fsdp_float8_all_gather: the {device_type} backend (gloo) cannot "
             "all-gather float8 tensors; set --float8.enable_fsdp_float8_all_gather false "
-            "(and precompute_float8_dynamic_scale_for_fsdp false) on this machine")
+            "(and precompute_float8_dynamic_scale_for_fsdp false) on this machine"
+        )
 
 
 def plan_conversion(model: nn.Module, opts: Float8Options) -> ConversionPlan:
@@ -86,8 +102,10 @@ def plan_conversion(model: nn.Module, opts: Float8Options) -> ConversionPlan:
         if hit is not None:
             plan.skipped[name] = f"matches filter_fqns entry {hit!r}"
         elif module.in_features % ALIGNMENT or module.out_features % ALIGNMENT:
-            plan.skipped[name] = (f"shape {module.out_features} x {module.in_features} is not a "
-                                  f"multiple of {ALIGNMENT} in both dims")
+            plan.skipped[name] = (
+                f"shape {module.out_features} x {module.in_features} is not a "
+                f"multiple of {ALIGNMENT} in both dims"
+            )
         else:
             plan.converted.append(name)
     return plan
@@ -100,10 +118,14 @@ def torchao_config(opts: Float8Options):
         return Float8LinearConfig(
             enable_fsdp_float8_all_gather=opts.fsdp_float8_all_gather,
             force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd,
-            emulate=opts.emulate)
+            emulate=opts.emulate,
+        )
     config = Float8LinearConfig.from_recipe_name(opts.recipe)
-    return dataclasses.replace(config, emulate=opts.emulate,
-                               force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd)
+    return dataclasses.replace(
+        config,
+        emulate=opts.emulate,
+        force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd,
+    )
 
 
 def convert_to_float8(model: nn.Module, opts: Float8Options) -> ConversionPlan:
@@ -113,11 +135,14 @@ def convert_to_float8(model: nn.Module, opts: Float8Options) -> ConversionPlan:
 
     plan = plan_conversion(model, opts)
     if opts.fsdp_float8_all_gather:
-        plan.collectives.append("FSDP all-gathers weights in float8"
-                                + (", scales precomputed after each step" if opts.precompute_scale else ""))
+        plan.collectives.append(
+            "FSDP all-gathers weights in float8"
+            + (", scales precomputed after each step" if opts.precompute_scale else "")
+        )
     chosen = set(plan.converted)
-    convert_to_float8_training(model, config=torchao_config(opts),
-                               module_filter_fn=lambda _module, fqn: fqn in chosen)
+    convert_to_float8_training(
+        model, config=torchao_config(opts), module_filter_fn=lambda _module, fqn: fqn in chosen
+    )
     return plan
 
 

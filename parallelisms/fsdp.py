@@ -8,9 +8,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 
-def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh: DeviceMesh, *,
-               param_dtype: torch.dtype, reduce_dtype: torch.dtype,
-               reshard_after_forward: str = "default", cpu_offload: bool = False) -> None:
+def apply_fsdp(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: str = "default",
+    cpu_offload: bool = False,
+) -> None:
     """Shard each block, then the root (which picks up the embeddings, final norm and head).
 
     reshard_after_forward: "always" frees every gathered block after its forward (least memory,

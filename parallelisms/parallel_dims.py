@@ -37,8 +37,10 @@ class ParallelDims:
     @classmethod
     def resolve(cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int) -> ParallelDims:
         """Fill in dp_shard = -1 from the world size and check that the degrees multiply to it."""
-        for name, value in (("data_parallel_replicate_degree", dp_replicate),
-                            ("tensor_parallel_degree", tp)):
+        for name, value in (
+            ("data_parallel_replicate_degree", dp_replicate),
+            ("tensor_parallel_degree", tp),
+        ):
             if value < 1:
                 raise LayoutError(f"parallelism.{name} = {value}: must be >= 1")
         if dp_shard == -1:
@@ -50,7 +52,9 @@ class ParallelDims:
                 )
             dp_shard = world_size // (dp_replicate * tp)
         if dp_shard < 1:
-            raise LayoutError(f"parallelism.data_parallel_shard_degree = {dp_shard}: must be -1 or >= 1")
+            raise LayoutError(
+                f"parallelism.data_parallel_shard_degree = {dp_shard}: must be -1 or >= 1"
+            )
         if dp_replicate * dp_shard * tp != world_size:
             raise LayoutError(
                 f"data_parallel_replicate_degree ({dp_replicate}) x data_parallel_shard_degree "
@@ -78,8 +82,15 @@ class ParallelDims:
         return self.tp > 1
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        dims = [(d, n) for d, n in ((self.dp_replicate, "dp_replicate"),
-                                    (self.dp_shard, "dp_shard"), (self.tp, "tp")) if d > 1]
+        dims = [
+            (d, n)
+            for d, n in (
+                (self.dp_replicate, "dp_replicate"),
+                (self.dp_shard, "dp_shard"),
+                (self.tp, "tp"),
+            )
+            if d > 1
+        ]
         if not dims:
             dims = [(1, "dp_shard")]
         return tuple(d for d, _ in dims), tuple(n for _, n in dims)
@@ -94,7 +105,9 @@ class ParallelDims:
         if self.fsdp_enabled:
             fsdp = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
         return Meshes(
-            world=world, dp=dp, fsdp=fsdp,
+            world=world,
+            dp=dp,
+            fsdp=fsdp,
             ddp=world["dp_replicate"] if self.ddp_enabled else None,
             tp=world["tp"] if self.tp_enabled else None,
         )
@@ -104,9 +117,18 @@ class ParallelDims:
         return " x ".join(f"{n}={d}" for d, n in zip(shape, names)) + f" (world {self.world_size})"
 
 
-def check_layout(dims: ParallelDims, *, n_heads: int, n_kv_heads: int, seq_len: int,
-                 local_batch_size: int, global_batch_size: int, device_type: str,
-                 async_tp: bool, compile: bool) -> None:
+def check_layout(
+    dims: ParallelDims,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    seq_len: int,
+    local_batch_size: int,
+    global_batch_size: int,
+    device_type: str,
+    async_tp: bool,
+    compile: bool,
+) -> None:
     """Everything about a layout that can be known before any process group or model exists."""
     if dims.tp > 1:
         for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
@@ -139,7 +161,9 @@ def check_layout(dims: ParallelDims, *, n_heads: int, n_kv_heads: int, seq_len: 
         )
     if async_tp:
         if dims.tp == 1:
-            raise LayoutError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
+            raise LayoutError(
+                "parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1"
+            )
         if device_type != "cuda":
             raise LayoutError(
                 "parallelism.enable_async_tensor_parallel needs CUDA GPUs (symmetric memory); "

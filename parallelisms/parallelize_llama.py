@@ -40,33 +40,49 @@ class ParallelizeOptions:
     float8: Float8Options | None = None
 
 
-def parallelize_llama(model: nn.Module, dims: ParallelDims, meshes: Meshes,
-                      opts: ParallelizeOptions) -> ConversionPlan | None:
+def parallelize_llama(
+    model: nn.Module, dims: ParallelDims, meshes: Meshes, opts: ParallelizeOptions
+) -> ConversionPlan | None:
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
     float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
 
     if dims.tp_enabled:
         float8_tp = uses_float8_tp(opts.float8)
-        apply_tp(model, list(model.layers.values()), meshes.tp,
-                 loss_parallel_enabled=opts.loss_parallel, float8_all_gather=float8_tp)
+        apply_tp(
+            model,
+            list(model.layers.values()),
+            meshes.tp,
+            loss_parallel_enabled=opts.loss_parallel,
+            float8_all_gather=float8_tp,
+        )
         if float8_plan is not None:
             float8_plan.collectives.append(
-                "TP all-gathers activations in float8" if float8_tp else
-                "TP all-gathers stay high precision (rowwise recipe, or a backend without float8)")
+                "TP all-gathers activations in float8"
+                if float8_tp
+                else "TP all-gathers stay high precision (rowwise recipe, or a backend without float8)"
+            )
         if opts.async_tp:
             enable_async_tp(meshes.tp)
 
     if opts.ac_mode != "none":
-        for name, block in apply_ac(dict(model.layers.items()), opts.ac_mode, opts.ac_option).items():
+        for name, block in apply_ac(
+            dict(model.layers.items()), opts.ac_mode, opts.ac_option
+        ).items():
             model.layers.register_module(name, block)
 
     if opts.compile:
         apply_compile(list(model.layers.values()), graphs_hold_collectives=dims.tp_enabled)
 
     if dims.fsdp_enabled:
-        apply_fsdp(model, list(model.layers.values()), meshes.fsdp,
-                   param_dtype=opts.param_dtype, reduce_dtype=opts.reduce_dtype,
-                   reshard_after_forward=opts.reshard_after_forward, cpu_offload=opts.cpu_offload)
+        apply_fsdp(
+            model,
+            list(model.layers.values()),
+            meshes.fsdp,
+            param_dtype=opts.param_dtype,
+            reduce_dtype=opts.reduce_dtype,
+            reshard_after_forward=opts.reshard_after_forward,
+            cpu_offload=opts.cpu_offload,
+        )
     elif dims.ddp_enabled:
         apply_ddp(model, meshes.ddp)
     return float8_plan

@@ -24,45 +24,59 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def apply_tp(model: nn.Module, blocks: list[nn.Module], tp_mesh: DeviceMesh, *,
-             loss_parallel_enabled: bool, float8_all_gather: bool = False) -> None:
+def apply_tp(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    tp_mesh: DeviceMesh,
+    *,
+    loss_parallel_enabled: bool,
+    float8_all_gather: bool = False,
+) -> None:
     """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output).
 
     With `float8_all_gather`, blocks whose Linear layers are all Float8Linear get torchao's
     float8 styles: activations are cast before the all-gather, halving its bytes."""
-    parallelize_module(model, tp_mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
-            use_local_output=not loss_parallel_enabled,
-        ),
-    })
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(
+                input_layouts=Shard(1),
+                output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
+                use_local_output=not loss_parallel_enabled,
+            ),
+        },
+    )
     for block in blocks:
         colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
         if float8_all_gather and _all_float8(block):
             from parallelisms.float8 import float8_tp_styles
 
             colwise, rowwise, prepare_input = float8_tp_styles()
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            # The second input (RoPE rotations) is the same on every rank: leave it alone.
-            "attention": prepare_input(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-            ),
-            "attention.wq": colwise(),
-            "attention.wk": colwise(),
-            "attention.wv": colwise(),
-            "attention.wo": rowwise(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": prepare_input(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w1": colwise(),
-            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-            "feed_forward.w3": colwise(),
-        })
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                # The second input (RoPE rotations) is the same on every rank: leave it alone.
+                "attention": prepare_input(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "attention.wq": colwise(),
+                "attention.wk": colwise(),
+                "attention.wv": colwise(),
+                "attention.wo": rowwise(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": prepare_input(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w1": colwise(),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+                "feed_forward.w3": colwise(),
+            },
+        )
 
 
 def _all_float8(block: nn.Module) -> bool:

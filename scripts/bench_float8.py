@@ -32,8 +32,13 @@ VARIANTS = {
     "bf16": [],
     "bf16 + compile": ["--training.compile"],
     "float8 tensorwise": ["--model.converters", "float8", "--float8.recipe_name", "tensorwise"],
-    "float8 tensorwise + compile": ["--model.converters", "float8",
-                                    "--float8.recipe_name", "tensorwise", "--training.compile"],
+    "float8 tensorwise + compile": [
+        "--model.converters",
+        "float8",
+        "--float8.recipe_name",
+        "tensorwise",
+        "--training.compile",
+    ],
 }
 REFERENCE = "bf16 + compile"
 
@@ -44,23 +49,42 @@ def largest_fitting_layers(base: list[str], memory_gib: float, max_layers: int) 
         "import sys\nfrom titanlite.config import load\nfrom titanlite.dry_run import plan\n"
         "job = load(sys.argv[2:])\n"
         "p = plan(job, 1, 0, float(sys.argv[1]), 'cuda')\n"
-        "print(int(p.fits))\n")
+        "print(int(p.fits))\n"
+    )
     for layers in range(max_layers, 0, -1):
-        out = subprocess.run([sys.executable, "-c", code, str(memory_gib), *base,
-                              "--model.n_layers", str(layers)],
-                             cwd=ROOT, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(memory_gib), *base, "--model.n_layers", str(layers)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         if out.stdout.strip().endswith("1"):
             return layers
     raise SystemExit("bench_float8: not even one block fits; lower --seq-len or --batch")
 
 
-def run_variant(name: str, base: list[str], extra: list[str], steps: int, warmup: int,
-                folder: Path) -> dict:
+def run_variant(
+    name: str, base: list[str], extra: list[str], steps: int, warmup: int, folder: Path
+) -> dict:
     dump = folder / name.replace(" ", "_").replace("+", "plus")
-    cmd = [sys.executable, "-m", "titanlite.train", *base, *extra,
-           "--job.dump_folder", str(dump), "--training.steps", str(steps),
-           "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false",
-           "--checkpoint.enable_checkpoint", "false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.train",
+        *base,
+        *extra,
+        "--job.dump_folder",
+        str(dump),
+        "--training.steps",
+        str(steps),
+        "--metrics.log_freq",
+        "1",
+        "--metrics.enable_tensorboard",
+        "false",
+        "--checkpoint.enable_checkpoint",
+        "false",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -68,23 +92,32 @@ def run_variant(name: str, base: list[str], extra: list[str], steps: int, warmup
     rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if r["step"] > warmup]
     mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
-    return {"variant": name, "tps": statistics.median(r["tps"] for r in timed),
-            "mfu": statistics.median(mfu) if mfu else None,
-            "memory_gib": max(r.get("memory_gib", 0.0) for r in timed),
-            "final_loss": rows[-1]["loss"]}
+    return {
+        "variant": name,
+        "tps": statistics.median(r["tps"] for r in timed),
+        "mfu": statistics.median(mfu) if mfu else None,
+        "memory_gib": max(r.get("memory_gib", 0.0) for r in timed),
+        "final_loss": rows[-1]["loss"],
+    }
 
 
 def render(results: list[dict], header: str) -> str:
     ref = next((r for r in results if r["variant"] == REFERENCE and "tps" in r), None)
-    lines = [header, "", "| variant | tokens/s | MFU % | vs bf16 + compile | peak memory GiB |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| variant | tokens/s | MFU % | vs bf16 + compile | peak memory GiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['variant']} | failed: {' '.join(r['error'])} | | | |")
             continue
         mfu = f"{r['mfu']:.1f}" if r["mfu"] is not None else "n/a"
         ratio = f"{r['tps'] / ref['tps']:.3f}" if ref else "n/a"
-        lines.append(f"| {r['variant']} | {r['tps']:,.0f} | {mfu} | {ratio} | {r['memory_gib']:.1f} |")
+        lines.append(
+            f"| {r['variant']} | {r['tps']:,.0f} | {mfu} | {ratio} | {r['memory_gib']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -95,28 +128,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--memory-gib", type=float, default=120.0,
-                    help="device memory to plan for (headroom left for the CUDA context)")
+    ap.add_argument(
+        "--memory-gib",
+        type=float,
+        default=120.0,
+        help="device memory to plan for (headroom left for the CUDA context)",
+    )
     ap.add_argument("--layers", type=int, default=None, help="blocks (default: most that fit)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = ap.parse_args(argv)
 
     if args.smoke:
-        base = ["--config", str(DEBUG_TOML), "--training.seq_len", "64",
-                "--training.local_batch_size", "2", "--training.mixed_precision_param", "float32",
-                "--float8.emulate", "true"]
+        base = [
+            "--config",
+            str(DEBUG_TOML),
+            "--training.seq_len",
+            "64",
+            "--training.local_batch_size",
+            "2",
+            "--training.mixed_precision_param",
+            "float32",
+            "--float8.emulate",
+            "true",
+        ]
         steps, warmup = 3, 1
         header = "CPU smoke run (debug model, float32, emulated float8): not a performance figure"
     else:
-        base = ["--config", str(TOML_8B), "--model.tokenizer_path", "",
-                "--training.seq_len", str(args.seq_len),
-                "--training.local_batch_size", str(args.batch), "--training.dataset_path", "none",
-                "--parallelism.data_parallel_shard_degree", "1"]
+        base = [
+            "--config",
+            str(TOML_8B),
+            "--model.tokenizer_path",
+            "",
+            "--training.seq_len",
+            str(args.seq_len),
+            "--training.local_batch_size",
+            str(args.batch),
+            "--training.dataset_path",
+            "none",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ]
         layers = args.layers or largest_fitting_layers(base, args.memory_gib, 32)
         base += ["--model.n_layers", str(layers)]
         steps, warmup = args.steps, args.warmup
-        header = (f"Llama-3-8B-shaped, {layers} of 32 blocks, seq {args.seq_len} x batch "
-                  f"{args.batch}, one GPU, bf16 params, medians of steps {warmup + 1}-{steps}")
+        header = (
+            f"Llama-3-8B-shaped, {layers} of 32 blocks, seq {args.seq_len} x batch "
+            f"{args.batch}, one GPU, bf16 params, medians of steps {warmup + 1}-{steps}"
+        )
     with tempfile.TemporaryDirectory(prefix="bench_float8_") as tmp:
         results = []
         for name, extra in VARIANTS.items():

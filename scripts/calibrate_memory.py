@@ -22,14 +22,18 @@ from titanlite.activation_memory import estimate_activations
 
 MODELS = {
     "debug": dict(flavor="debugmodel", overrides={}, batch=8, seq=256),
-    "100m": dict(flavor="debugmodel", overrides=dict(dim=768, n_layers=12, n_heads=12), batch=4, seq=512),
+    "100m": dict(
+        flavor="debugmodel", overrides=dict(dim=768, n_layers=12, n_heads=12), batch=4, seq=512
+    ),
 }
 MIB = 2**20
 
 
 def measure(model_name: str, ac: str) -> tuple[int, float, float]:
     spec = MODELS[model_name]
-    args = FLAVORS[spec["flavor"]].with_overrides(vocab_size=512, max_seq_len=spec["seq"], **spec["overrides"])
+    args = FLAVORS[spec["flavor"]].with_overrides(
+        vocab_size=512, max_seq_len=spec["seq"], **spec["overrides"]
+    )
     model = Transformer(args)
     model.init_weights(0)
     mode, option = (ac.split("_") + ["1"])[:2] if ac != "none" else ("none", "1")
@@ -48,23 +52,39 @@ def measure(model_name: str, ac: str) -> tuple[int, float, float]:
             if step == 0:
                 tracker.reset_mod_stats()
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    measured = sum(v for k, v in peak.items() if str(k).split(".")[-1].lower() in ("act", "activation", "temp"))
-    est = estimate_activations(args, local_batch_size=spec["batch"], seq_len=spec["seq"], tp=1,
-                               loss_parallel=False, ac_mode=mode, ac_option=option, compute_bytes=4)
+    measured = sum(
+        v for k, v in peak.items() if str(k).split(".")[-1].lower() in ("act", "activation", "temp")
+    )
+    est = estimate_activations(
+        args,
+        local_batch_size=spec["batch"],
+        seq_len=spec["seq"],
+        tp=1,
+        loss_parallel=False,
+        ac_mode=mode,
+        ac_option=option,
+        compute_bytes=4,
+    )
     return num_params(args), measured / MIB, est.total / MIB
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="debug:none,debug:full,debug:selective_op,debug:selective_2,"
-                        "100m:none,100m:full,100m:selective_op")
+    parser.add_argument(
+        "--cases",
+        default="debug:none,debug:full,debug:selective_op,debug:selective_2,"
+        "100m:none,100m:full,100m:selective_op",
+    )
     cases = [c.split(":") for c in parser.parse_args().cases.split(",")]
     print("| model | params | AC | measured peak (MiB) | predicted (MiB) | predicted / measured |")
     print("|---|---|---|---|---|---|")
     for model_name, ac in cases:
         n, measured, predicted = measure(model_name, ac)
-        print(f"| {model_name} | {n / 1e6:.1f}M | {ac} | {measured:.1f} | {predicted:.1f} | "
-              f"{predicted / measured:.2f} |", flush=True)
+        print(
+            f"| {model_name} | {n / 1e6:.1f}M | {ac} | {measured:.1f} | {predicted:.1f} | "
+            f"{predicted / measured:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -73,13 +73,35 @@ def run(a: argparse.Namespace) -> dict:
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)  # a leftover torchrun environment would confuse the Trainer
     dump = Path(a.workdir or tempfile.mkdtemp(prefix="titanlite-ckpt-bench-")) / "dump"
-    argv = ["--config", str(DEBUG_TOML), "--job.dump_folder", str(dump),
-            "--metrics.enable_tensorboard", "false", "--training.steps", "100000",
-            "--model.dim", str(a.dim), "--model.n_layers", str(a.n_layers), "--model.n_heads",
-            str(a.n_heads), "--training.seq_len", str(a.seq_len), "--training.local_batch_size",
-            str(a.batch), "--training.mixed_precision_param", "float32",
-            "--checkpoint.enable_checkpoint", "--checkpoint.interval", "1000000",
-            "--checkpoint.async_mode", "async", "--checkpoint.keep_latest_k", "0"]
+    argv = [
+        "--config",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(dump),
+        "--metrics.enable_tensorboard",
+        "false",
+        "--training.steps",
+        "100000",
+        "--model.dim",
+        str(a.dim),
+        "--model.n_layers",
+        str(a.n_layers),
+        "--model.n_heads",
+        str(a.n_heads),
+        "--training.seq_len",
+        str(a.seq_len),
+        "--training.local_batch_size",
+        str(a.batch),
+        "--training.mixed_precision_param",
+        "float32",
+        "--checkpoint.enable_checkpoint",
+        "--checkpoint.interval",
+        "1000000",
+        "--checkpoint.async_mode",
+        "async",
+        "--checkpoint.keep_latest_k",
+        "0",
+    ]
     job, pre = preflight.run(argv, 1)
     trainer = Trainer(job, pre)
     ckpt = trainer.checkpointer
@@ -94,8 +116,11 @@ def run(a: argparse.Namespace) -> dict:
         return time.perf_counter() - t0, time.process_time() - c0
 
     threads = torch.get_num_threads()
-    print(f"{n_params:,} parameters; seq {a.seq_len} x batch {a.batch}; torch {torch.__version__}, "
-          f"{threads} threads; checkpoints under {ckpt.folder}", flush=True)
+    print(
+        f"{n_params:,} parameters; seq {a.seq_len} x batch {a.batch}; torch {torch.__version__}, "
+        f"{threads} threads; checkpoints under {ckpt.folder}",
+        flush=True,
+    )
     gc.disable()  # as Trainer.train() does
     warm = [step()[0] for _ in range(a.warmup)]
     print(f"warm-up steps: {', '.join(f'{s:.2f}s' for s in warm)}", flush=True)
@@ -138,29 +163,43 @@ def run(a: argparse.Namespace) -> dict:
             ov = [s for s, _ in during[:overlapped]]
             slowdown = statistics.mean(ov) / base_med - 1 if ov else float("nan")
             rec = {
-                "sync_step": sync_step, "async_step": async_step, "bytes": nbytes,
-                "async_bytes": async_bytes, "sync_blocked_s": sync_blocked,
-                "save_gbps": nbytes / sync_blocked / 1e9, "async_blocked_s": async_blocked,
+                "sync_step": sync_step,
+                "async_step": async_step,
+                "bytes": nbytes,
+                "async_bytes": async_bytes,
+                "sync_blocked_s": sync_blocked,
+                "save_gbps": nbytes / sync_blocked / 1e9,
+                "async_blocked_s": async_blocked,
                 "blocked_ratio": async_blocked / sync_blocked,
-                "async_write_s": write_s, "wait_after_steps_s": wait_s,
-                "base_step_s": [s for s, _ in base], "during_step_s": [s for s, _ in during],
+                "async_write_s": write_s,
+                "wait_after_steps_s": wait_s,
+                "base_step_s": [s for s, _ in base],
+                "during_step_s": [s for s, _ in during],
                 "base_cpu_util": [c / s / threads for s, c in base],
                 "during_cpu_util": [c / s / threads for s, c in during],
-                "base_step_median_s": base_med, "overlapped_steps": overlapped,
-                "step_slowdown": slowdown, "load_s": load_s, "load_gbps": async_bytes / load_s / 1e9,
+                "base_step_median_s": base_med,
+                "overlapped_steps": overlapped,
+                "step_slowdown": slowdown,
+                "load_s": load_s,
+                "load_gbps": async_bytes / load_s / 1e9,
             }
             reps.append(rec)
-            print(f"rep {r + 1}/{a.reps}: {nbytes / 1e9:.2f} GB; sync blocked {sync_blocked:.2f}s "
-                  f"({rec['save_gbps']:.2f} GB/s); async blocked {async_blocked:.2f}s "
-                  f"(ratio {rec['blocked_ratio']:.3f}), write in background {write_s:.2f}s; "
-                  f"steps {', '.join(f'{s:.2f}' for s, _ in during)}s ({overlapped} overlapped) vs "
-                  f"median {base_med:.2f}s without -> slowdown {slowdown:+.1%}; "
-                  f"load {load_s:.2f}s ({rec['load_gbps']:.2f} GB/s)", flush=True)
+            print(
+                f"rep {r + 1}/{a.reps}: {nbytes / 1e9:.2f} GB; sync blocked {sync_blocked:.2f}s "
+                f"({rec['save_gbps']:.2f} GB/s); async blocked {async_blocked:.2f}s "
+                f"(ratio {rec['blocked_ratio']:.3f}), write in background {write_s:.2f}s; "
+                f"steps {', '.join(f'{s:.2f}' for s, _ in during)}s ({overlapped} overlapped) vs "
+                f"median {base_med:.2f}s without -> slowdown {slowdown:+.1%}; "
+                f"load {load_s:.2f}s ({rec['load_gbps']:.2f} GB/s)",
+                flush=True,
+            )
             for s in (sync_step, async_step):  # keep the disk from filling up; not timed
                 shutil.rmtree(step_dir(ckpt.folder, s), ignore_errors=True)
         # Diagnostic: the part of the async blocked time spent staging the non-tensor state
         # (data-loader token buffer, RNG, scheduler, train state) rather than tensors.
-        small = {k: v.state_dict() for k, v in ckpt.states.items() if k not in ("model", "optimizer")}
+        small = {
+            k: v.state_dict() for k, v in ckpt.states.items() if k not in ("model", "optimizer")
+        }
         t0 = time.perf_counter()
         ckpt._stage(small)
         stage_small_s = time.perf_counter() - t0
@@ -170,50 +209,91 @@ def run(a: argparse.Namespace) -> dict:
         if not a.workdir:
             shutil.rmtree(dump.parent, ignore_errors=True)
 
-    med = {k: statistics.median(r[k] for r in reps) for k in
-           ("bytes", "sync_blocked_s", "async_blocked_s", "blocked_ratio", "step_slowdown",
-            "save_gbps", "load_s", "load_gbps", "async_write_s", "base_step_median_s")}
-    return {"params": n_params, "seq_len": a.seq_len, "local_batch_size": a.batch,
-            "dim": a.dim, "n_layers": a.n_layers, "n_heads": a.n_heads, "threads": threads,
-            "torch": torch.__version__, "steps_per_phase": a.steps, "reps": a.reps,
-            "cold_load": not a.warm_load, "stage_non_tensor_s": stage_small_s, "median": med,
-            "repetitions": reps}
+    med = {
+        k: statistics.median(r[k] for r in reps)
+        for k in (
+            "bytes",
+            "sync_blocked_s",
+            "async_blocked_s",
+            "blocked_ratio",
+            "step_slowdown",
+            "save_gbps",
+            "load_s",
+            "load_gbps",
+            "async_write_s",
+            "base_step_median_s",
+        )
+    }
+    return {
+        "params": n_params,
+        "seq_len": a.seq_len,
+        "local_batch_size": a.batch,
+        "dim": a.dim,
+        "n_layers": a.n_layers,
+        "n_heads": a.n_heads,
+        "threads": threads,
+        "torch": torch.__version__,
+        "steps_per_phase": a.steps,
+        "reps": a.reps,
+        "cold_load": not a.warm_load,
+        "stage_non_tensor_s": stage_small_s,
+        "median": med,
+        "repetitions": reps,
+    }
 
 
 def table(res: dict) -> str:
     m, n = res["median"], res["reps"]
-    return "\n".join([
-        f"| metric (median of {n} repetition(s)) | value | target |", "|---|---:|---:|",
-        f"| checkpoint size (model + AdamW state, {res['params']:,} params) | {m['bytes'] / 1e9:.2f} GB | |",
-        f"| sync save: training blocked | {m['sync_blocked_s']:.2f} s | |",
-        f"| async save: training blocked | {m['async_blocked_s']:.2f} s | |",
-        f"| of which staging the non-tensor state (measured once) | {res['stage_non_tensor_s']:.2f} s | |",
-        f"| blocked(async) / blocked(sync) | {m['blocked_ratio']:.1%} | <= 10% |",
-        f"| async background write | {m['async_write_s']:.2f} s | |",
-        f"| step time, no save in flight | {m['base_step_median_s']:.2f} s | |",
-        f"| step slowdown during background write | {m['step_slowdown']:+.1%} | <= 20% |",
-        f"| save throughput (sync) | {m['save_gbps']:.2f} GB/s | |",
-        f"| load() throughput ({'cold' if res['cold_load'] else 'warm'} page cache) | "
-        f"{m['load_gbps']:.2f} GB/s ({m['load_s']:.2f} s) | |"])
+    return "\n".join(
+        [
+            f"| metric (median of {n} repetition(s)) | value | target |",
+            "|---|---:|---:|",
+            f"| checkpoint size (model + AdamW state, {res['params']:,} params) | {m['bytes'] / 1e9:.2f} GB | |",
+            f"| sync save: training blocked | {m['sync_blocked_s']:.2f} s | |",
+            f"| async save: training blocked | {m['async_blocked_s']:.2f} s | |",
+            f"| of which staging the non-tensor state (measured once) | {res['stage_non_tensor_s']:.2f} s | |",
+            f"| blocked(async) / blocked(sync) | {m['blocked_ratio']:.1%} | <= 10% |",
+            f"| async background write | {m['async_write_s']:.2f} s | |",
+            f"| step time, no save in flight | {m['base_step_median_s']:.2f} s | |",
+            f"| step slowdown during background write | {m['step_slowdown']:+.1%} | <= 20% |",
+            f"| save throughput (sync) | {m['save_gbps']:.2f} GB/s | |",
+            f"| load() throughput ({'cold' if res['cold_load'] else 'warm'} page cache) | "
+            f"{m['load_gbps']:.2f} GB/s ({m['load_s']:.2f} s) | |",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--n-layers", type=int, default=24)
     ap.add_argument("--n-heads", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1, help="local batch size")
-    ap.add_argument("--steps", type=int, default=3,
-                    help="K: steps timed during the async write, and before and after it (default 3)")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="K: steps timed during the async write, and before and after it (default 3)",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (default: torch's)"
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     ap.add_argument("--reps", type=int, default=2, help="repetitions; medians reported (default 2)")
-    ap.add_argument("--warm-load", action="store_true",
-                    help="do not evict the checkpoint from the page cache before load()")
-    ap.add_argument("--workdir", type=Path, default=None,
-                    help="where the dump folder goes (default: a fresh temp dir, removed at the end)")
+    ap.add_argument(
+        "--warm-load",
+        action="store_true",
+        help="do not evict the checkpoint from the page cache before load()",
+    )
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the dump folder goes (default: a fresh temp dir, removed at the end)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write all figures here")
     a = ap.parse_args(argv)
     if min(a.steps, a.reps) < 1 or min(a.warmup, a.threads) < 0:

@@ -28,8 +28,18 @@ from titanlite.checkpoint import EXPORT_DTYPES
 from titanlite.checkpoint_storage import CheckpointError, load_full_state_dict, save_full_state_dict
 from titanlite.config import ConfigError
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def dcp_to_torch(src: Path, dst: Path, everything: bool) -> None:
@@ -45,8 +55,16 @@ def torch_to_dcp(src: Path, dst: Path) -> None:
     sd = torch.load(src, weights_only=True, map_location="cpu")
     if "model" not in sd:  # a bare model state dict
         sd = {"model": sd}
-    save_full_state_dict(sd, dst, {"step": 0, "converted_from": str(src),
-                                   "torch_version": torch.__version__, "saved_at": time.time()})
+    save_full_state_dict(
+        sd,
+        dst,
+        {
+            "step": 0,
+            "converted_from": str(src),
+            "torch_version": torch.__version__,
+            "saved_at": time.time(),
+        },
+    )
 
 
 def size_bytes(text: str) -> int:
@@ -68,23 +86,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="every key, not just the model")
     sub.add_parser("torch-to-dcp", help="a torch.save file as a titanlite checkpoint")
     p = sub.add_parser("dcp-to-hf", help="the model as a Hugging Face Llama folder")
-    p.add_argument("--tokenizer", type=Path,
-                   help="tokenizer.json or its folder (default: the one the checkpoint records)")
-    p.add_argument("--max-shard-size", type=size_bytes, default="5GB",
-                   help="split model.safetensors into shards of at most this size (default 5GB)")
-    p.add_argument("--config", type=Path,
-                   help="the titanlite config.toml of the run, for checkpoints whose manifest does "
-                        "not record the model (default: the run's own config.toml)")
-    p.add_argument("--max-position-embeddings", type=int,
-                   help="context length in config.json (default: the trained sequence length, "
-                        "or 131072 for a model with Llama 3.1 RoPE scaling)")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json or its folder (default: the one the checkpoint records)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=size_bytes,
+        default="5GB",
+        help="split model.safetensors into shards of at most this size (default 5GB)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="the titanlite config.toml of the run, for checkpoints whose manifest does "
+        "not record the model (default: the run's own config.toml)",
+    )
+    p.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        help="context length in config.json (default: the trained sequence length, "
+        "or 131072 for a model with Llama 3.1 RoPE scaling)",
+    )
     sub.add_parser("hf-to-dcp", help="a Hugging Face Llama folder as a titanlite checkpoint")
     for name, p in sub.choices.items():
         p.add_argument("src", type=Path)
         p.add_argument("dst", type=Path)
         if name in ("dcp-to-hf", "hf-to-dcp"):
-            p.add_argument("--dtype", choices=list(EXPORT_DTYPES),
-                           help="dtype of the written weights (default: the source's)")
+            p.add_argument(
+                "--dtype",
+                choices=list(EXPORT_DTYPES),
+                help="dtype of the written weights (default: the source's)",
+            )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -98,9 +132,15 @@ def main(argv: list[str] | None = None) -> int:
             dtype = EXPORT_DTYPES[args.dtype] if args.dtype else None
             if args.direction == "dcp-to-hf":
                 hf_checkpoint.dcp_to_hf(
-                    args.src, args.dst, dtype=dtype, tokenizer=args.tokenizer, config=args.config,
+                    args.src,
+                    args.dst,
+                    dtype=dtype,
+                    tokenizer=args.tokenizer,
+                    config=args.config,
                     max_shard_size=args.max_shard_size,
-                    max_position_embeddings=args.max_position_embeddings, report=_stderr)
+                    max_position_embeddings=args.max_position_embeddings,
+                    report=_stderr,
+                )
             else:
                 hf_checkpoint.hf_to_dcp(args.src, args.dst, dtype=dtype, report=_stderr)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:

@@ -70,7 +70,7 @@ def bench_prepare(work: Path, copies: int, rounds: int) -> dict:
     base, ours, base_cpu, ours_cpu = [], [], [], []
     tokens = 0
     for r in range(rounds):
-        for side in (("base", "ours") if r % 2 == 0 else ("ours", "base")):
+        for side in ("base", "ours") if r % 2 == 0 else ("ours", "base"):
             out = work / f"shards_{r}"
             c0, t0 = cpu_seconds(), time.perf_counter()
             if side == "base":
@@ -83,53 +83,92 @@ def bench_prepare(work: Path, copies: int, rounds: int) -> dict:
             if side == "ours":
                 tokens = n
                 shutil.rmtree(out)
-        print(f"  round {r + 1}: tokenizers {base[-1]:,.0f} tok/s, prepare {ours[-1]:,.0f} tok/s",
-              file=sys.stderr)
+        print(
+            f"  round {r + 1}: tokenizers {base[-1]:,.0f} tok/s, prepare {ours[-1]:,.0f} tok/s",
+            file=sys.stderr,
+        )
     b, o = statistics.median(base), statistics.median(ours)
     # On shared cores each side's fastest round is its least disturbed one; the paired ratios
     # show how far the noise reaches.
-    return {"text_mb": sum(map(len, texts)) / 2**20, "documents": len(texts),
-            "tokens": tokens, "tokenizers_tok_s": b, "prepare_tok_s_per_core": o, "ratio": o / b,
-            "ratio_best": max(ours) / max(base),
-            "ratio_paired_median": statistics.median(x / y for x, y in zip(ours, base)),
-            "ratio_cpu_time": statistics.median(ours_cpu) / statistics.median(base_cpu),
-            "rounds": {"tokenizers": base, "prepare": ours}}
+    return {
+        "text_mb": sum(map(len, texts)) / 2**20,
+        "documents": len(texts),
+        "tokens": tokens,
+        "tokenizers_tok_s": b,
+        "prepare_tok_s_per_core": o,
+        "ratio": o / b,
+        "ratio_best": max(ours) / max(base),
+        "ratio_paired_median": statistics.median(x / y for x, y in zip(ours, base)),
+        "ratio_cpu_time": statistics.median(ours_cpu) / statistics.median(base_cpu),
+        "rounds": {"tokenizers": base, "prepare": ours},
+    }
 
 
 def bench_reader(shards_dir: Path, batches: int, seq_len: int = 256, lbs: int = 8) -> dict:
     from titanlite.data import ShardSet, Tokenizer, build_dataloader
     from titanlite.data.tokenizer import BUILTIN_TOKENIZER
 
-    loader = build_dataloader(ShardSet(shards_dir), Tokenizer(BUILTIN_TOKENIZER), seq_len=seq_len,
-                              local_batch_size=lbs, dp_rank=0, dp_size=1, seed=0)
+    loader = build_dataloader(
+        ShardSet(shards_dir),
+        Tokenizer(BUILTIN_TOKENIZER),
+        seq_len=seq_len,
+        local_batch_size=lbs,
+        dp_rank=0,
+        dp_size=1,
+        seed=0,
+    )
     it = iter(loader)
     next(it)
     t0 = time.perf_counter()
     for _ in range(batches):
         next(it)
     wall = time.perf_counter() - t0
-    return {"batches": batches, "seq_len": seq_len, "local_batch_size": lbs,
-            "tok_s": batches * lbs * seq_len / wall, "ms_per_batch": 1e3 * wall / batches}
+    return {
+        "batches": batches,
+        "seq_len": seq_len,
+        "local_batch_size": lbs,
+        "tok_s": batches * lbs * seq_len / wall,
+        "ms_per_batch": 1e3 * wall / batches,
+    }
 
 
 def bench_training(shards_dir: Path, work: Path, steps: int) -> dict:
     folder = work / "run"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))}
-    cmd = [sys.executable, "-m", "titanlite.train", "--config", str(ROOT / "train_configs" / "debug_model.toml"),
-           "--training.dataset_path", str(shards_dir), "--training.steps", str(steps),
-           "--metrics.enable_tensorboard", "false", "--metrics.log_freq", "1",
-           "--job.dump_folder", str(folder)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.train",
+        "--config",
+        str(ROOT / "train_configs" / "debug_model.toml"),
+        "--training.dataset_path",
+        str(shards_dir),
+        "--training.steps",
+        str(steps),
+        "--metrics.enable_tensorboard",
+        "false",
+        "--metrics.log_freq",
+        "1",
+        "--job.dump_folder",
+        str(folder),
+    ]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][1:]
     pct = [r["data_loading_pct"] for r in records]
-    return {"steps": steps, "threads": env["OMP_NUM_THREADS"],
-            "tps_median": statistics.median(r["tps"] for r in records),
-            "data_loading_pct_median": statistics.median(pct), "data_loading_pct_max": max(pct)}
+    return {
+        "steps": steps,
+        "threads": env["OMP_NUM_THREADS"],
+        "tps_median": statistics.median(r["tps"] for r in records),
+        "data_loading_pct_median": statistics.median(pct),
+        "data_loading_pct_max": max(pct),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--copies", type=int, default=30, help="copies of the bundled corpus to prepare")
+    ap.add_argument(
+        "--copies", type=int, default=30, help="copies of the bundled corpus to prepare"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reader-batches", type=int, default=2000)
     ap.add_argument("--train-steps", type=int, default=20)
@@ -147,22 +186,27 @@ def main(argv: list[str] | None = None) -> int:
         reader = bench_reader(shards, a.reader_batches)
         print("(b, c) debug model training on the shards", file=sys.stderr)
         train = bench_training(shards, work, a.train_steps)
-    result = {"prepare": prep, "reader": reader, "training": train,
-              "reader_over_training": reader["tok_s"] / train["tps_median"],
-              "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
+    result = {
+        "prepare": prep,
+        "reader": reader,
+        "training": train,
+        "reader_over_training": reader["tok_s"] / train["tps_median"],
+        "load_avg": os.getloadavg(),
+        "cpus": os.cpu_count(),
+    }
     print(f"""
 | figure | value |
 |---|---|
-| text prepared | {prep['text_mb']:.1f} MiB, {prep['documents']} documents, {prep['tokens']:,} tokens |
-| tokenizers `encode_batch`, 1 thread (median round) | {prep['tokenizers_tok_s']:,.0f} tokens/s |
-| `prepare`, 1 worker, 1 thread = per core (median round) | {prep['prepare_tok_s_per_core']:,.0f} tokens/s |
-| tokenizers, fastest round; prepare, fastest round | {max(prep['rounds']['tokenizers']):,.0f}; {max(prep['rounds']['prepare']):,.0f} tokens/s |
-| **prepare / tokenizers**: medians; fastest rounds; median of paired rounds; CPU time | **{prep['ratio']:.3f}**; **{prep['ratio_best']:.3f}**; {prep['ratio_paired_median']:.3f}; {prep['ratio_cpu_time']:.3f} |
-| shard reader (loader, batch 8 x seq 256) | {reader['tok_s']:,.0f} tokens/s ({reader['ms_per_batch']:.3f} ms/batch) |
-| debug model training, 1 process, {train['threads']} threads | {train['tps_median']:,.0f} tokens/s (median of steps 2..{train['steps']}) |
-| **reader / training** | **{result['reader_over_training']:,.0f}x** |
-| **data_loading_pct** in that run (median; max) | **{train['data_loading_pct_median']:.2f}%**; {train['data_loading_pct_max']:.2f}% |
-| load average at the end (1, 5, 15 min) | {', '.join(f'{x:.1f}' for x in result['load_avg'])} |""")
+| text prepared | {prep["text_mb"]:.1f} MiB, {prep["documents"]} documents, {prep["tokens"]:,} tokens |
+| tokenizers `encode_batch`, 1 thread (median round) | {prep["tokenizers_tok_s"]:,.0f} tokens/s |
+| `prepare`, 1 worker, 1 thread = per core (median round) | {prep["prepare_tok_s_per_core"]:,.0f} tokens/s |
+| tokenizers, fastest round; prepare, fastest round | {max(prep["rounds"]["tokenizers"]):,.0f}; {max(prep["rounds"]["prepare"]):,.0f} tokens/s |
+| **prepare / tokenizers**: medians; fastest rounds; median of paired rounds; CPU time | **{prep["ratio"]:.3f}**; **{prep["ratio_best"]:.3f}**; {prep["ratio_paired_median"]:.3f}; {prep["ratio_cpu_time"]:.3f} |
+| shard reader (loader, batch 8 x seq 256) | {reader["tok_s"]:,.0f} tokens/s ({reader["ms_per_batch"]:.3f} ms/batch) |
+| debug model training, 1 process, {train["threads"]} threads | {train["tps_median"]:,.0f} tokens/s (median of steps 2..{train["steps"]}) |
+| **reader / training** | **{result["reader_over_training"]:,.0f}x** |
+| **data_loading_pct** in that run (median; max) | **{train["data_loading_pct_median"]:.2f}%**; {train["data_loading_pct_max"]:.2f}% |
+| load average at the end (1, 5, 15 min) | {", ".join(f"{x:.1f}" for x in result["load_avg"])} |""")
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
     return 0

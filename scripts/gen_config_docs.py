@@ -1,7 +1,7 @@
 """Write docs/config.md from the config schema, so the reference never drifts from the code.
 
-    python scripts/gen_config_docs.py            # rewrite docs/config.md
-    python scripts/gen_config_docs.py --check    # exit 1 if it is out of date (a test runs this)
+python scripts/gen_config_docs.py            # rewrite docs/config.md
+python scripts/gen_config_docs.py --check    # exit 1 if it is out of date (a test runs this)
 """
 
 from __future__ import annotations

@@ -34,7 +34,11 @@ from benchmark import DEBUG_TOML, MODEL_100M  # noqa: E402  (the same ~100M mode
 
 # layout name -> (world size, tensor-parallel degree); data_parallel_shard_degree is what is left.
 LAYOUTS: dict[str, tuple[int, int]] = {
-    "fsdp1": (1, 1), "fsdp2": (2, 1), "fsdp4": (4, 1), "tp2": (2, 2)}
+    "fsdp1": (1, 1),
+    "fsdp2": (2, 1),
+    "fsdp4": (4, 1),
+    "tp2": (2, 2),
+}
 MIB = 2**20
 
 
@@ -68,9 +72,21 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
         # preflight resolves the model args (vocab from the bundled tokenizer) exactly as the
         # trainer would for this layout, and rejects a layout the trainer would reject.
         job, pre = preflight.run(
-            ["--config", str(DEBUG_TOML), "--job.dump_folder", dump, *MODEL_100M,
-             "--training.seq_len", str(seq_len), "--training.local_batch_size", "1",
-             "--parallelism.tensor_parallel_degree", str(tp)], world)
+            [
+                "--config",
+                str(DEBUG_TOML),
+                "--job.dump_folder",
+                dump,
+                *MODEL_100M,
+                "--training.seq_len",
+                str(seq_len),
+                "--training.local_batch_size",
+                "1",
+                "--parallelism.tensor_parallel_degree",
+                str(tp),
+            ],
+            world,
+        )
     dims = ParallelDims.resolve(1, -1, tp, world)
     meshes = dims.build_meshes("cpu")
     with torch.device("meta"):
@@ -99,8 +115,9 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
         "params": sum(local_bytes(p) for p in params),
         "grads": sum(local_bytes(g) for g in grads),
         # exp_avg, exp_avg_sq and step, whatever the optimizer keeps per parameter.
-        "optimizer": sum(local_bytes(v) for state in optimizer.state.values()
-                         for v in state.values()),
+        "optimizer": sum(
+            local_bytes(v) for state in optimizer.state.values() for v in state.values()
+        ),
         "n_params": MODELS[job.model.name].num_params(pre.model_args),
     }
 
@@ -111,8 +128,13 @@ def worker(rank: int, world: int, tp: int, port: int, seq_len: int, out: str) ->
 
     # Up to 4 ranks share the cores: one thread each avoids oversubscription.
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         mine = measure(world, tp, seq_len)
@@ -131,19 +153,28 @@ def run_layout(name: str, seq_len: int) -> list[dict[str, int]]:
     with tempfile.TemporaryDirectory(prefix="titanlite-mem-") as tmp:
         out = str(Path(tmp) / "ranks.json")
         # Fresh processes per layout: a process group can be made once per process.
-        mp.start_processes(worker, args=(world, tp, free_port(), seq_len, out), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(
+            worker, args=(world, tp, free_port(), seq_len, out), nprocs=world, start_method="spawn"
+        )
         return json.loads(Path(out).read_text())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layouts", default=",".join(LAYOUTS),
-                    help=f"comma-separated, from {', '.join(LAYOUTS)} (default: all; fsdp1 is "
-                         "always run, as the reference)")
-    ap.add_argument("--seq-len", type=int, default=16,
-                    help="tokens in the one tiny batch (default 16; must divide by the TP degree)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--layouts",
+        default=",".join(LAYOUTS),
+        help=f"comma-separated, from {', '.join(LAYOUTS)} (default: all; fsdp1 is "
+        "always run, as the reference)",
+    )
+    ap.add_argument(
+        "--seq-len",
+        type=int,
+        default=16,
+        help="tokens in the one tiny batch (default 16; must divide by the TP degree)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
     unknown = [x for x in args.layouts.split(",") if x not in LAYOUTS]
@@ -165,26 +196,40 @@ def main(argv: list[str] | None = None) -> int:
         # The worst rank is what has to fit; uneven shards make ranks differ slightly.
         worst = max(per_rank, key=lambda r: r["params"] + r["grads"] + r["optimizer"])
         total = worst["params"] + worst["grads"] + worst["optimizer"]
-        rows.append({"layout": name, "ranks": world, "tp": tp, "n_params": worst["n_params"],
-                     "params_bytes": worst["params"], "grads_bytes": worst["grads"],
-                     "optimizer_bytes": worst["optimizer"], "total_bytes": total,
-                     "per_rank_total_bytes": [r["params"] + r["grads"] + r["optimizer"]
-                                              for r in per_rank]})
+        rows.append(
+            {
+                "layout": name,
+                "ranks": world,
+                "tp": tp,
+                "n_params": worst["n_params"],
+                "params_bytes": worst["params"],
+                "grads_bytes": worst["grads"],
+                "optimizer_bytes": worst["optimizer"],
+                "total_bytes": total,
+                "per_rank_total_bytes": [
+                    r["params"] + r["grads"] + r["optimizer"] for r in per_rank
+                ],
+            }
+        )
         print(f"{name}: {world} rank(s), worst rank {total / MIB:.1f} MiB", flush=True)
     base = rows[0]["total_bytes"]
     print(f"\nmodel: {rows[0]['n_params']:,} parameters (fp32, AdamW fused)\n")
-    print("| layout | ranks | params MiB | grads MiB | optimizer MiB | total MiB/rank | "
-          "fraction of 1-process | bound (1/N + 5%) | OK? |")
+    print(
+        "| layout | ranks | params MiB | grads MiB | optimizer MiB | total MiB/rank | "
+        "fraction of 1-process | bound (1/N + 5%) | OK? |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         r["fraction"] = r["total_bytes"] / base
         r["bound"] = 1 / r["ranks"] + 0.05
         r["ok"] = r["fraction"] <= r["bound"]
         label = f"TP {r['tp']}" if r["tp"] > 1 else f"FSDP {r['ranks']}"
-        print(f"| {label} | {r['ranks']} | {r['params_bytes'] / MIB:.1f} | "
-              f"{r['grads_bytes'] / MIB:.1f} | {r['optimizer_bytes'] / MIB:.1f} | "
-              f"{r['total_bytes'] / MIB:.1f} | {r['fraction']:.4f} | "
-              f"{r['bound']:.2f} | {'yes' if r['ok'] else 'NO'} |")
+        print(
+            f"| {label} | {r['ranks']} | {r['params_bytes'] / MIB:.1f} | "
+            f"{r['grads_bytes'] / MIB:.1f} | {r['optimizer_bytes'] / MIB:.1f} | "
+            f"{r['total_bytes'] / MIB:.1f} | {r['fraction']:.4f} | "
+            f"{r['bound']:.2f} | {'yes' if r['ok'] else 'NO'} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0 if all(r["ok"] for r in rows) else 1

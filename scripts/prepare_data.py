@@ -1,6 +1,6 @@
 """Tokenize a corpus into prepared shards for training: see titanlite/data/prepare.py.
 
-    python scripts/prepare_data.py CORPUS... --output DIR [--tokenizer PATH] [--workers N]
+python scripts/prepare_data.py CORPUS... --output DIR [--tokenizer PATH] [--workers N]
 """
 
 import sys

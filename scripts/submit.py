@@ -23,11 +23,26 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "scripts" / "multinode_trainer.slurm"
 
 
-def sbatch_script(template: str, *, nodes: int, ngpu: int, partition: str | None, time_limit: str,
-                  account: str | None, job_name: str, log: str) -> str:
+def sbatch_script(
+    template: str,
+    *,
+    nodes: int,
+    ngpu: int,
+    partition: str | None,
+    time_limit: str,
+    account: str | None,
+    job_name: str,
+    log: str,
+) -> str:
     """The template with its #SBATCH lines set; the rest (comments included) unchanged."""
-    values = {"--job-name": job_name, "--nodes": str(nodes), "--time": time_limit, "--output": log,
-              "--gres": f"gpu:{ngpu}" if ngpu > 0 else None, "--partition": partition}
+    values = {
+        "--job-name": job_name,
+        "--nodes": str(nodes),
+        "--time": time_limit,
+        "--output": log,
+        "--gres": f"gpu:{ngpu}" if ngpu > 0 else None,
+        "--partition": partition,
+    }
     out = []
     for line in template.splitlines():
         m = re.match(r"#SBATCH (--[a-z-]+)=(\S+)(.*)", line)
@@ -74,27 +89,42 @@ def main(argv: list[str]) -> int:
     logs.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     script = logs / f"{args.job_name}-{stamp}.slurm"
-    script.write_text(sbatch_script(
-        TEMPLATE.read_text(), nodes=args.nodes, ngpu=args.ngpu, partition=args.partition,
-        time_limit=args.time_limit, account=args.account, job_name=args.job_name,
-        log=str(logs / "%x-%j.out")))
+    script.write_text(
+        sbatch_script(
+            TEMPLATE.read_text(),
+            nodes=args.nodes,
+            ngpu=args.ngpu,
+            partition=args.partition,
+            time_limit=args.time_limit,
+            account=args.account,
+            job_name=args.job_name,
+            log=str(logs / "%x-%j.out"),
+        )
+    )
     dump = Path(job.job.dump_folder)
     dump = dump if dump.is_absolute() else ROOT / dump
     if args.no_submit:
         print(f"wrote {script} (not submitted)")
         return 0
     env = {**os.environ, "NGPU": str(ranks_per_node)}
-    proc = subprocess.run(["sbatch", "--parsable", str(script), "--config", args.config, *overrides],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", str(script), "--config", args.config, *overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         print(f"titanlite: error: sbatch failed: {proc.stderr.strip()}", file=sys.stderr)
         return 1
     job_id = proc.stdout.strip().split(";")[0]
-    print(f"submitted job {job_id}: {args.nodes} node(s) x {ranks_per_node} rank(s)\n"
-          f"  log:         {logs / f'{args.job_name}-{job_id}.out'}\n"
-          f"  outputs:     {dump}\n"
-          f"  tensorboard: tensorboard --logdir {dump / job.metrics.save_tb_folder}\n"
-          f"  follow:      squeue -j {job_id}; tail -f {logs / f'{args.job_name}-{job_id}.out'}")
+    print(
+        f"submitted job {job_id}: {args.nodes} node(s) x {ranks_per_node} rank(s)\n"
+        f"  log:         {logs / f'{args.job_name}-{job_id}.out'}\n"
+        f"  outputs:     {dump}\n"
+        f"  tensorboard: tensorboard --logdir {dump / job.metrics.save_tb_folder}\n"
+        f"  follow:      squeue -j {job_id}; tail -f {logs / f'{args.job_name}-{job_id}.out'}"
+    )
     return 0
 
 

@@ -62,7 +62,9 @@ def main() -> None:
     # it gets past unigram statistics within ~30 steps (with 2048 it is still at the unigram
     # plateau there: measured when this default was chosen).
     parser.add_argument("--vocab-size", type=int, default=512)
-    parser.add_argument("--output", type=Path, default=Path("titanlite/assets/tokenizer/tokenizer.json"))
+    parser.add_argument(
+        "--output", type=Path, default=Path("titanlite/assets/tokenizer/tokenizer.json")
+    )
     args = parser.parse_args()
 
     files = corpus_files(args.corpus)
@@ -74,7 +76,9 @@ def main() -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
     print(f"vocab size: {tokenizer.get_vocab_size()}")
-    print(f"trained on {len(files)} files from {args.corpus} -> {args.output} (+ {config_path.name})")
+    print(
+        f"trained on {len(files)} files from {args.corpus} -> {args.output} (+ {config_path.name})"
+    )
 
 
 if __name__ == "__main__":

@@ -7,14 +7,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-
 @pytest.fixture(scope="session")
 def two_rank_reference(tmp_path_factory) -> dict[int, float]:
     """Losses of an uninterrupted 2-process single-node run of helpers.SHORT_RUN."""
     from helpers import SHORT_RUN, check, losses_by_step, torchrun
 
     folder = tmp_path_factory.mktemp("two_rank_reference")
-    check(torchrun(2, ["-m", "titanlite.train"],
-                   [*SHORT_RUN, "--job.dump_folder", str(folder), "--checkpoint.interval", "100"],
-                   timeout=300))
+    check(
+        torchrun(
+            2,
+            ["-m", "titanlite.train"],
+            [*SHORT_RUN, "--job.dump_folder", str(folder), "--checkpoint.interval", "100"],
+            timeout=300,
+        )
+    )
     return losses_by_step(folder)

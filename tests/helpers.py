@@ -16,10 +16,22 @@ DEBUG_CONFIG = ROOT / "train_configs" / "debug_model.toml"
 # A short deterministic 2-rank FSDP run of the debug model, shared by the preemption, restart and
 # SLURM tests so that one uninterrupted run (fixture `two_rank_reference`) serves them all.
 SHORT_RUN_STEPS = 8
-SHORT_RUN = ["--config", str(DEBUG_CONFIG), "--training.seq_len", "64",
-             "--training.local_batch_size", "4", "--metrics.log_freq", "1",
-             "--metrics.enable_tensorboard", "false", "--training.deterministic",
-             "--checkpoint.enable_checkpoint", "--training.steps", str(SHORT_RUN_STEPS)]
+SHORT_RUN = [
+    "--config",
+    str(DEBUG_CONFIG),
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "4",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--training.deterministic",
+    "--checkpoint.enable_checkpoint",
+    "--training.steps",
+    str(SHORT_RUN_STEPS),
+]
 
 
 def losses_by_step(folder: Path) -> dict[int, float]:
@@ -34,24 +46,45 @@ def free_port() -> int:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
 
 
-def torchrun(nproc: int, module_or_script: list[str], args: list[str], timeout: int = 600,
-             **env: str) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, module_or_script: list[str], args: list[str], timeout: int = 600, **env: str
+) -> subprocess.CompletedProcess:
     """Run under torchrun with a private rendezvous port (tests may run side by side)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--nnodes=1", f"--master_port={free_port()}", *module_or_script, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=clean_env(**env), capture_output=True, text=True,
-                          timeout=timeout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--nnodes=1",
+        f"--master_port={free_port()}",
+        *module_or_script,
+        *args,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=clean_env(**env), capture_output=True, text=True, timeout=timeout
+    )
 
 
-def run_script(script: str, args: list[str], timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / script), *args], cwd=ROOT, env=clean_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
+def run_script(
+    script: str, args: list[str], timeout: int = 600, **env: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / script), *args],
+        cwd=ROOT,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -59,15 +92,22 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    )
     return proc
 
 
 def _spawn_entry(rank: int, fn, world_size: int, port: int, args: tuple) -> None:
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     dist.init_process_group("gloo")
     try:
         fn(rank, world_size, *args)
@@ -79,12 +119,23 @@ def spawn(fn, world_size: int, *args) -> None:
     """Run fn(rank, world_size, *args) in world_size processes on a real gloo process group."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_spawn_entry, args=(fn, world_size, free_port(), args), nprocs=world_size,
-                       start_method="spawn")
+    mp.start_processes(
+        _spawn_entry,
+        args=(fn, world_size, free_port(), args),
+        nprocs=world_size,
+        start_method="spawn",
+    )
 
 
-def make_hf_llama(folder: Path, *, n_kv_heads: int = 16, dtype: str = "float32",
-                  vocab_size: int = 512, seed: int = 0, **save_kwargs) -> Path:
+def make_hf_llama(
+    folder: Path,
+    *,
+    n_kv_heads: int = 16,
+    dtype: str = "float32",
+    vocab_size: int = 512,
+    seed: int = 0,
+    **save_kwargs,
+) -> Path:
     """A random Llama of the debug model's shape, written by transformers itself (its own init,
     std 0.05 so that attention patterns matter, and norms away from 1 so that a mix-up of norm
     weights shows)."""
@@ -93,12 +144,25 @@ def make_hf_llama(folder: Path, *, n_kv_heads: int = 16, dtype: str = "float32",
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=16,
-        num_key_value_heads=n_kv_heads, vocab_size=vocab_size, rms_norm_eps=1e-5,
-        max_position_embeddings=131072, initializer_range=0.05, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192})
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=6,
+        num_attention_heads=16,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=vocab_size,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        initializer_range=0.05,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():

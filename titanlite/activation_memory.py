@@ -46,9 +46,17 @@ class ActivationEstimate:
         return self.blocks + self.recompute + self.outside + self.loss_backward
 
 
-def estimate_activations(args: LlamaArgs, *, local_batch_size: int, seq_len: int, tp: int,
-                         loss_parallel: bool, ac_mode: str, ac_option: str,
-                         compute_bytes: int) -> ActivationEstimate:
+def estimate_activations(
+    args: LlamaArgs,
+    *,
+    local_batch_size: int,
+    seq_len: int,
+    tp: int,
+    loss_parallel: bool,
+    ac_mode: str,
+    ac_option: str,
+    compute_bytes: int,
+) -> ActivationEstimate:
     e, d, t, n = compute_bytes, args.dim, tp, args.n_heads
     kv, ffn, vocab = args.kv_heads * args.head_dim, args.ffn_hidden_dim, args.vocab_size
     tokens = local_batch_size * seq_len
@@ -60,7 +68,9 @@ def estimate_activations(args: LlamaArgs, *, local_batch_size: int, seq_len: int
     full_block = tokens * (norms + gathered + attention + swiglu)
     block_input = tokens * e * d / t
     # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input.
-    w2_out = e * d if t == 1 else e * d + e * d / t  # partial sums before the reduce-scatter, and its result
+    w2_out = (
+        e * d if t == 1 else e * d + e * d / t
+    )  # partial sums before the reduce-scatter, and its result
     op_block = tokens * (e * (d + kv + ffn) / t + w2_out + e * d / t + 4 * n / t) + block_input
 
     layers = args.n_layers
@@ -79,5 +89,6 @@ def estimate_activations(args: LlamaArgs, *, local_batch_size: int, seq_len: int
     logits_width = vocab / t if (loss_parallel or t == 1) else vocab
     outside = tokens * ((4 * d + 4) / t + e * d + 4 * logits_width)
     loss_backward = tokens * 4 * logits_width
-    return ActivationEstimate(int(full_block), int(blocks), int(recompute), int(outside),
-                              int(loss_backward))
+    return ActivationEstimate(
+        int(full_block), int(blocks), int(recompute), int(outside), int(loss_backward)
+    )

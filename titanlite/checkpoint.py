@@ -95,18 +95,31 @@ class RNGState(Stateful):
 
 
 class CheckpointManager:
-    def __init__(self, cfg: Checkpoint, dump_folder: Path, *, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, lr_scheduler: Any, dataloader: Any,
-                 train_state: Stateful, config_hash: str, total_steps: int,
-                 model_config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cfg: Checkpoint,
+        dump_folder: Path,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any,
+        dataloader: Any,
+        train_state: Stateful,
+        config_hash: str,
+        total_steps: int,
+        model_config: dict[str, Any] | None = None,
+    ):
         self.cfg, self.total_steps, self.config_hash = cfg, total_steps, config_hash
         # What the manifest records about the model (model_config_record).
         self.model_config = model_config
         self.folder = Path(dump_folder) / cfg.folder
         self.model = model
         self.states: dict[str, Any] = {
-            "model": ModelState(model), "optimizer": OptimizerState(model, optimizer),
-            "lr_scheduler": lr_scheduler, "dataloader": dataloader, "train_state": train_state,
+            "model": ModelState(model),
+            "optimizer": OptimizerState(model, optimizer),
+            "lr_scheduler": lr_scheduler,
+            "dataloader": dataloader,
+            "train_state": train_state,
             "rng": RNGState(),
         }
         self.enabled = cfg.enable_checkpoint or cfg.create_seed_checkpoint
@@ -115,7 +128,9 @@ class CheckpointManager:
         self.pg = dist.new_group(backend="gloo") if self.enabled else None
         self.async_mode = cfg.async_mode
         if cfg.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
-            logger.warning("checkpoint.async_mode = async_with_pinned_mem needs CUDA: using 'async'")
+            logger.warning(
+                "checkpoint.async_mode = async_with_pinned_mem needs CUDA: using 'async'"
+            )
             self.async_mode = "async"
         self.stager = None
         if self.async_mode == "async_with_pinned_mem":
@@ -123,7 +138,11 @@ class CheckpointManager:
 
             # Reused across saves: the pinned host buffers are allocated once.
             self.stager = DefaultStager(StagingOptions(True, False, False, True))
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt") if self.async_mode != "disabled" else None
+        self.executor = (
+            ThreadPoolExecutor(1, thread_name_prefix="ckpt")
+            if self.async_mode != "disabled"
+            else None
+        )
         self.pending: Future | None = None
         self._staging_buffers: dict[tuple, torch.Tensor] = {}
         self._staging_shapes: dict[tuple, Any] | None = None
@@ -142,13 +161,16 @@ class CheckpointManager:
             if self.cfg.load_step not in steps:
                 raise CheckpointError(
                     f"checkpoint.load_step = {self.cfg.load_step}: {step_dir(self.folder, self.cfg.load_step)} "
-                    f"is not a complete checkpoint (complete: {steps or 'none'})")
+                    f"is not a complete checkpoint (complete: {steps or 'none'})"
+                )
             step = self.cfg.load_step
         elif steps:
             step = steps[-1]
         elif self.cfg.initial_load_path:
-            self._load(Path(self.cfg.initial_load_path),
-                       ["model"] if self.cfg.initial_load_model_weights_only else list(KEYS))
+            self._load(
+                Path(self.cfg.initial_load_path),
+                ["model"] if self.cfg.initial_load_model_weights_only else list(KEYS),
+            )
             return True
         else:
             return False
@@ -157,7 +179,8 @@ class CheckpointManager:
             raise CheckpointError(
                 f"{self.folder} holds step-{newer[-1]}, newer than step-{step} which this run "
                 "resumes from; later saves would overwrite it. Use another checkpoint.folder, "
-                "remove it, or pass --checkpoint.overwrite")
+                "remove it, or pass --checkpoint.overwrite"
+            )
         path = step_dir(self.folder, step)
         manifest = read_manifest(path)
         keys = [k for k in manifest.get("keys", KEYS) if k not in self.cfg.exclude_from_loading]
@@ -171,15 +194,20 @@ class CheckpointManager:
         if "dataloader" in keys:
             self._check_loader_state(path)
         start = time.perf_counter()
-        dcp.load({k: self.states[k] for k in keys}, checkpoint_id=str(path),
-                 planner=SafeLoadPlanner(), process_group=self.pg)
+        dcp.load(
+            {k: self.states[k] for k in keys},
+            checkpoint_id=str(path),
+            planner=SafeLoadPlanner(),
+            process_group=self.pg,
+        )
         logger.info(f"loaded {', '.join(keys)} from {path} in {time.perf_counter() - start:.1f}s")
 
     def _check_files(self, path: Path) -> None:
         """Each rank checksums a share of the files; all agree before anything is read."""
         names = sorted(read_manifest(path)["files"])
-        found = shared_check(len(names), lambda mine: verify(path, files=[names[i] for i in mine]),
-                             self.pg)
+        found = shared_check(
+            len(names), lambda mine: verify(path, files=[names[i] for i in mine]), self.pg
+        )
         if found:
             raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
 
@@ -193,28 +221,34 @@ class CheckpointManager:
             if tuple(meta.size) != tuple(value.shape):
                 raise CheckpointError(
                     f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the "
-                    f"model (as configured) has {tuple(value.shape)}")
+                    f"model (as configured) has {tuple(value.shape)}"
+                )
 
     def _warn_model_differences(self, path: Path) -> None:
         saved = (read_manifest(path).get("model_config") or {}).get("args")
         mine = (self.model_config or {}).get("args")
         differ = model_differences(saved, mine) if saved and mine else []
         if differ and self.rank == 0:
-            logger.warning(f"{path} was saved from a model with other hyper-parameters: "
-                           + "; ".join(differ))
+            logger.warning(
+                f"{path} was saved from a model with other hyper-parameters: " + "; ".join(differ)
+            )
 
     def _check_loader_state(self, path: Path) -> None:
         """The saved loader state must be the kind this run's reader loads (text and prepared
         shards keep different state); DCP would only say 'missing key'."""
         saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        missing = [k for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")
-                   if k not in saved]
+        missing = [
+            k
+            for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")
+            if k not in saved
+        ]
         if missing:
             raise CheckpointError(
                 f"checkpoint {path}: its data loader state was saved by another reader or titanlite "
                 f"version (no '{missing[0]}'; text and prepared shards keep different state); resume with the "
                 "same kind of training.dataset_path, or start the loader afresh with "
-                "--checkpoint.exclude_from_loading dataloader")
+                "--checkpoint.exclude_from_loading dataloader"
+            )
 
     # ----------------------------------------------------------------------------------------
     # saving
@@ -228,8 +262,11 @@ class CheckpointManager:
     def save(self, step: int, *, force_sync: bool = False, weights_only: bool = False) -> None:
         """Save at `step`; async modes return once the state is staged in host memory."""
         last = step == self.total_steps
-        weights_only = weights_only or self.cfg.model_weights_only or (
-            last and self.cfg.last_save_model_weights_only)
+        weights_only = (
+            weights_only
+            or self.cfg.model_weights_only
+            or (last and self.cfg.last_save_model_weights_only)
+        )
         if weights_only:
             dtype = EXPORT_DTYPES[self.cfg.export_dtype] if last else None
             states: dict[str, Any] = {"model": ModelState(self.model, dtype)}
@@ -241,15 +278,24 @@ class CheckpointManager:
         if final.exists() and not self.cfg.overwrite and self.resumed_from != step:
             raise CheckpointError(
                 f"{final} already exists (another run?); refusing to overwrite it. Use another "
-                "checkpoint.folder or pass --checkpoint.overwrite")
+                "checkpoint.folder or pass --checkpoint.overwrite"
+            )
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         dist.barrier(group=self.pg)
-        state_dict = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in states.items()}
-        info = {"step": step, "keys": list(states), "config_hash": self.config_hash,
-                "torch_version": torch.__version__, "titanlite_version": titanlite_version(),
-                "world_size": dist.get_world_size(), "saved_at": time.time()}
+        state_dict = {
+            k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in states.items()
+        }
+        info = {
+            "step": step,
+            "keys": list(states),
+            "config_hash": self.config_hash,
+            "torch_version": torch.__version__,
+            "titanlite_version": titanlite_version(),
+            "world_size": dist.get_world_size(),
+            "saved_at": time.time(),
+        }
         if self.model_config is not None:
             info["model_config"] = self.model_config
         if self.executor is None or force_sync:
@@ -258,8 +304,10 @@ class CheckpointManager:
             staged = self._stage(state_dict)
             self.pending = self.executor.submit(self._write, staged, partial, final, info)
         self.last_blocking_s = time.perf_counter() - start
-        logger.info(f"checkpoint step-{step}: training blocked {self.last_blocking_s:.2f}s "
-                    f"({'async' if self.pending else 'sync'})")
+        logger.info(
+            f"checkpoint step-{step}: training blocked {self.last_blocking_s:.2f}s "
+            f"({'async' if self.pending else 'sync'})"
+        )
 
     def _stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """Copy the tensors off the training state into host buffers (reused across saves: a
@@ -279,18 +327,26 @@ class CheckpointManager:
         _copy_state_dict(tensors, self._staging_buffers)
         return _unflatten({**flat, **self._staging_buffers})
 
-    def _write(self, state_dict: dict[str, Any], partial: Path, final: Path, info: dict[str, Any]) -> None:
+    def _write(
+        self, state_dict: dict[str, Any], partial: Path, final: Path, info: dict[str, Any]
+    ) -> None:
         writer = ChecksummingWriter(partial)
         dcp.save(state_dict, storage_writer=writer, process_group=self.pg)
         records: list[dict] = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(records, writer.records, group=self.pg)
         if self.rank == 0:
             # DCP writes .metadata under a temporary name first; record the final file instead.
-            merged = {name: rec for r in records for name, rec in r.items() if not name.endswith(".tmp")}
-            merged[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
-                                   "crc32": file_crc32(partial / ".metadata")}
+            merged = {
+                name: rec for r in records for name, rec in r.items() if not name.endswith(".tmp")
+            }
+            merged[".metadata"] = {
+                "size": (partial / ".metadata").stat().st_size,
+                "crc32": file_crc32(partial / ".metadata"),
+            }
             write_manifest(partial, merged, info)
-            if final.exists():  # only reachable with checkpoint.overwrite or re-saving a resumed step
+            if (
+                final.exists()
+            ):  # only reachable with checkpoint.overwrite or re-saving a resumed step
                 shutil.rmtree(final)
             partial.rename(final)
             self._purge()
@@ -302,8 +358,12 @@ class CheckpointManager:
             return
         old = complete_steps(self.folder)[:-k]
         # Off the training thread; the newest complete checkpoint is never among them.
-        threading.Thread(target=lambda: [shutil.rmtree(step_dir(self.folder, s), ignore_errors=True)
-                                         for s in old], daemon=True).start()
+        threading.Thread(
+            target=lambda: [
+                shutil.rmtree(step_dir(self.folder, s), ignore_errors=True) for s in old
+            ],
+            daemon=True,
+        ).start()
 
     def wait(self) -> None:
         if self.pending is not None:
@@ -329,7 +389,9 @@ def _flatten(tree: Any, prefix: tuple = ()) -> dict[tuple, Any]:
     """Nested dicts (and lists holding tensors or dicts) -> {path: leaf}; plain lists are leaves."""
     if isinstance(tree, dict) and tree:
         items = tree.items()
-    elif isinstance(tree, (list, tuple)) and any(isinstance(v, (torch.Tensor, dict, list)) for v in tree):
+    elif isinstance(tree, (list, tuple)) and any(
+        isinstance(v, (torch.Tensor, dict, list)) for v in tree
+    ):
         items = enumerate(tree)
     else:
         return {prefix: tree}
@@ -370,11 +432,17 @@ def titanlite_version() -> str:
         return "unknown"
 
 
-def model_config_record(name: str, flavor: str | None, args: Any, tokenizer: Path | str | None) -> dict:
+def model_config_record(
+    name: str, flavor: str | None, args: Any, tokenizer: Path | str | None
+) -> dict:
     """What a manifest records about the model (`model_config`), so that tools such as
     titanlite.hf_checkpoint know its shape without the run's config."""
-    return {"name": name, "flavor": flavor, "args": args.to_dict(),
-            "tokenizer": str(tokenizer) if tokenizer else None}
+    return {
+        "name": name,
+        "flavor": flavor,
+        "args": args.to_dict(),
+        "tokenizer": str(tokenizer) if tokenizer else None,
+    }
 
 
 def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list[str]:
@@ -384,16 +452,23 @@ def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list
     Hugging Face) is compared field by field, for a warning, not an error: changing rope_theta
     to extend the context is a legitimate use. Not compared: what the shape check covers in
     other terms (the FFN width's recipe), the RoPE table's length and the init recipe."""
+
     def norm(args: dict[str, Any]) -> dict[str, Any]:
-        args = {k: v for k, v in args.items()
-                if k not in ("max_seq_len", "depth_init", "multiple_of", "ffn_dim_multiplier")}
+        args = {
+            k: v
+            for k, v in args.items()
+            if k not in ("max_seq_len", "depth_init", "multiple_of", "ffn_dim_multiplier")
+        }
         if "n_kv_heads" in args:  # None means n_heads
             args["n_kv_heads"] = args["n_kv_heads"] or args.get("n_heads")
         return args
 
     saved, configured = norm(saved), norm(configured)
-    return [f"{k} = {saved.get(k)} (checkpoint) vs {v} (configured)"
-            for k, v in configured.items() if saved.get(k) != v]
+    return [
+        f"{k} = {saved.get(k)} (checkpoint) vs {v} (configured)"
+        for k, v in configured.items()
+        if saved.get(k) != v
+    ]
 
 
 def config_hash(config_toml: str) -> str:
@@ -413,8 +488,10 @@ def main(argv: list[str]) -> int:
         return 1
     manifest = read_manifest(path)
     total = sum(r["size"] for r in manifest["files"].values())
-    print(f"{path}: OK (step {manifest['step']}, {len(manifest['files'])} files, {total / 2**20:.1f} MiB, "
-          f"keys {', '.join(manifest['keys'])}, torch {manifest['torch_version']})")
+    print(
+        f"{path}: OK (step {manifest['step']}, {len(manifest['files'])} files, {total / 2**20:.1f} MiB, "
+        f"keys {', '.join(manifest['keys'])}, torch {manifest['torch_version']})"
+    )
     return 0
 
 

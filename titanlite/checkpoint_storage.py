@@ -95,8 +95,9 @@ class ChecksummingWriter(FileSystemWriter):
     """FileSystemWriter that records (size, crc32) of every file it writes, per rank."""
 
     def __init__(self, path: Path, single_file_per_rank: bool = True):
-        super().__init__(path, single_file_per_rank=single_file_per_rank, sync_files=True,
-                         overwrite=True)
+        super().__init__(
+            path, single_file_per_rank=single_file_per_rank, sync_files=True, overwrite=True
+        )
         self.fs = _ChecksummingFileSystem()
         self.path = self.fs.init_path(path)
 
@@ -129,8 +130,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if not mf.is_file():
-        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it is incomplete (the save "
-                              "did not finish) or not a titanlite checkpoint")
+        raise CheckpointError(
+            f"checkpoint {path} has no {MANIFEST}: it is incomplete (the save "
+            "did not finish) or not a titanlite checkpoint"
+        )
     try:
         return json.loads(mf.read_text())
     except ValueError as e:
@@ -160,7 +163,9 @@ def verify(path: Path, files: list[str] | None = None, checksums: bool = True) -
         if not f.is_file():
             problems.append(f"{f} is missing")
         elif f.stat().st_size != rec["size"]:
-            problems.append(f"{f} is {f.stat().st_size} bytes, the manifest says {rec['size']} (truncated?)")
+            problems.append(
+                f"{f} is {f.stat().st_size} bytes, the manifest says {rec['size']} (truncated?)"
+            )
         elif checksums and (files is None or name in files) and file_crc32(f) != rec["crc32"]:
             problems.append(f"{f} is corrupted (CRC32 differs from the manifest)")
     return problems
@@ -191,13 +196,23 @@ def load_full_state_dict(path: Path, keys: list[str] | None = None) -> dict[str,
     if problems:
         raise CheckpointError("; ".join(problems[:3]))
     sd: dict[str, Any] = {}
-    _load_state_dict(sd, storage_reader=FileSystemReader(str(path)), planner=_SafeEmptyLoadPlanner(),
-                     no_dist=True)
+    _load_state_dict(
+        sd,
+        storage_reader=FileSystemReader(str(path)),
+        planner=_SafeEmptyLoadPlanner(),
+        no_dist=True,
+    )
     return {k: v for k, v in sd.items() if keys is None or k in keys}
 
 
-def save_full_state_dict(sd: dict[str, Any], path: Path, info: dict[str, Any], *,
-                         planner: Any = None, file_per_tensor: bool = False) -> None:
+def save_full_state_dict(
+    sd: dict[str, Any],
+    path: Path,
+    info: dict[str, Any],
+    *,
+    planner: Any = None,
+    file_per_tensor: bool = False,
+) -> None:
     """Write full tensors as a complete titanlite checkpoint (manifest included) from one process.
     `file_per_tensor` bounds memory when `planner` produces the tensors lazily (torch's
     single-file writer keeps every tensor of a file alive until the file is closed)."""
@@ -215,8 +230,10 @@ def save_full_state_dict(sd: dict[str, Any], path: Path, info: dict[str, Any], *
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(sd, storage_writer=writer, planner=planner, no_dist=True)
         records = {n: r for n, r in writer.records.items() if not n.endswith(".tmp")}
-        records[".metadata"] = {"size": (partial / ".metadata").stat().st_size,
-                                "crc32": file_crc32(partial / ".metadata")}
+        records[".metadata"] = {
+            "size": (partial / ".metadata").stat().st_size,
+            "crc32": file_crc32(partial / ".metadata"),
+        }
         write_manifest(partial, records, {**info, "keys": sorted(sd)})
         partial.rename(path)
     except BaseException:

@@ -179,7 +179,9 @@ def parse_cli(argv: list[str], cfg: JobConfig) -> list[tuple[str, str, Any]]:
             tp = _cli_field_type(cfg, section, key)
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             is_bool = _strip_optional(tp)[0] is bool if tp is not None else False
-            if is_bool and (nxt is None or nxt.startswith("--") or nxt.lower() not in _TRUE | _FALSE):
+            if is_bool and (
+                nxt is None or nxt.startswith("--") or nxt.lower() not in _TRUE | _FALSE
+            ):
                 value = True
             elif nxt is None or nxt.startswith("--"):
                 raise ConfigError(f"command line: --{name} needs a value")
@@ -272,11 +274,15 @@ def validate(cfg: JobConfig) -> None:
                 "expected a positive integer (every N-th block) or 'op'"
             )
     f8 = cfg.float8
-    if ("float8" in cfg.model.converters and f8.precompute_float8_dynamic_scale_for_fsdp
-            and not f8.enable_fsdp_float8_all_gather):
+    if (
+        "float8" in cfg.model.converters
+        and f8.precompute_float8_dynamic_scale_for_fsdp
+        and not f8.enable_fsdp_float8_all_gather
+    ):
         raise ConfigError(
             "[float8] precompute_float8_dynamic_scale_for_fsdp acts only on weights all-gathered "
-            "in float8; set enable_fsdp_float8_all_gather = true or turn it off")
+            "in float8; set enable_fsdp_float8_all_gather = true or turn it off"
+        )
     v = cfg.validation
     if v.enabled and not v.dataset_path:
         raise ConfigError(
@@ -289,7 +295,9 @@ def validate(cfg: JobConfig) -> None:
             "the longest sequence the model's position table covers"
         )
     if v.steps == 0 or v.steps < -1:
-        raise ConfigError(f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer")
+        raise ConfigError(
+            f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer"
+        )
     p = cfg.parallelism
     if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
         raise ConfigError(

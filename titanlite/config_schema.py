@@ -30,8 +30,10 @@ class Job:
     print_args: bool = opt(False, "TorchTitan's name for print_config")
     use_for_integration_test: bool = opt(False, "a tag TorchTitan uses; no effect")
     requeue_on_preemption: bool = opt(
-        True, "under SLURM, `scontrol requeue` the job after the checkpoint that SIGTERM/SIGUSR1 "
-        "triggers (see docs/slurm.md)")
+        True,
+        "under SLURM, `scontrol requeue` the job after the checkpoint that SIGTERM/SIGUSR1 "
+        "triggers (see docs/slurm.md)",
+    )
 
 
 @dataclass
@@ -39,7 +41,9 @@ class Profiling:
     enable_profiling: bool = opt(False, "record torch.profiler traces")
     save_traces_folder: str = opt("profile_trace", "under job.dump_folder")
     profile_freq: int = opt(10, "steps between traces", min=1)
-    enable_memory_snapshot: bool = opt(False, "CUDA allocator snapshots every profile_freq steps and on OOM")
+    enable_memory_snapshot: bool = opt(
+        False, "CUDA allocator snapshots every profile_freq steps and on OOM"
+    )
     save_memory_snapshot_folder: str = opt("memory_snapshot", "under job.dump_folder")
 
 
@@ -61,8 +65,9 @@ class Model:
     name: str = opt("llama3", "model family", choices=["llama3"])
     flavor: str = opt("debugmodel", "named size within the family")
     tokenizer_path: str = opt("", "tokenizer.json (Hugging Face tokenizers); '' = built-in")
-    converters: list[str] = opt([], "model converters applied before parallelizing",
-                                choices=["float8"])
+    converters: list[str] = opt(
+        [], "model converters applied before parallelizing", choices=["float8"]
+    )
     print_after_conversion: bool = opt(False, "print the model after conversion")
     # Shape overrides for experiments; None keeps the flavor's value.
     dim: int | None = opt(None, "hidden size", min=1)
@@ -86,7 +91,9 @@ class Optimizer:
     implementation: str = opt(
         "fused", "fused / foreach / for-loop", choices=["fused", "foreach", "for-loop"]
     )
-    early_step_in_backward: bool = opt(False, "step each parameter during backward", unsupported=True)
+    early_step_in_backward: bool = opt(
+        False, "step each parameter during backward", unsupported=True
+    )
 
 
 @dataclass
@@ -101,12 +108,18 @@ class LRScheduler:
 
 @dataclass
 class Training:
-    dataset: str = opt("titanlite_corpus", "built-in dataset name (used when dataset_path is unset)")
+    dataset: str = opt(
+        "titanlite_corpus", "built-in dataset name (used when dataset_path is unset)"
+    )
     dataset_path: str | None = opt(
-        None, "text (.txt/.jsonl/.parquet file or folder) or prepared shards (manifest.json or its folder)")
+        None,
+        "text (.txt/.jsonl/.parquet file or folder) or prepared shards (manifest.json or its folder)",
+    )
     dataset_text_field: str = opt("text", "the text field of .jsonl records and .parquet rows")
     local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1)
-    global_batch_size: int = opt(-1, "sequences per optimizer step; -1 = local x dp (no accumulation)")
+    global_batch_size: int = opt(
+        -1, "sequences per optimizer step; -1 = local x dp (no accumulation)"
+    )
     seq_len: int = opt(2048, "tokens per sequence", min=1)
     max_norm: float = opt(1.0, "gradient-norm clipping; 0 disables it", min=0.0)
     steps: int = opt(10000, "optimizer steps", min=1)
@@ -138,11 +151,15 @@ class Parallelism:
     enable_async_tensor_parallel: bool = opt(False, "async TP (CUDA + compile)")
     enable_compiled_autograd: bool = opt(False, "compiled autograd", unsupported=True)
     pipeline_parallel_degree: int = opt(1, "pipeline stages", unsupported=True)
-    pipeline_parallel_split_points: list[str] = opt([], "pipeline stage boundaries", unsupported=True)
+    pipeline_parallel_split_points: list[str] = opt(
+        [], "pipeline stage boundaries", unsupported=True
+    )
     pipeline_parallel_schedule: str = opt("1F1B", "pipeline schedule", unsupported=True)
     pipeline_parallel_microbatch_size: int = opt(1, "pipeline micro-batch", unsupported=True)
     context_parallel_degree: int = opt(1, "context-parallel ranks", unsupported=True)
-    context_parallel_rotate_method: str = opt("allgather", "context-parallel KV exchange", unsupported=True)
+    context_parallel_rotate_method: str = opt(
+        "allgather", "context-parallel KV exchange", unsupported=True
+    )
     expert_parallel_degree: int = opt(1, "expert-parallel ranks (MoE)", unsupported=True)
 
 
@@ -152,14 +169,16 @@ class Checkpoint:
     folder: str = opt("checkpoint", "under job.dump_folder")
     interval: int = opt(500, "steps between saves", min=1)
     async_mode: str = opt(
-        "disabled", "how saves overlap training",
+        "disabled",
+        "how saves overlap training",
         choices=["disabled", "async", "async_with_pinned_mem"],
     )
     keep_latest_k: int = opt(10, "checkpoints kept; 0 = keep all", min=0)
     model_weights_only: bool = opt(False, "save the model only")
     last_save_model_weights_only: bool = opt(False, "final save holds the model only")
-    export_dtype: str = opt("float32", "dtype of a weights-only final save",
-                            choices=["float32", "bfloat16", "float16"])
+    export_dtype: str = opt(
+        "float32", "dtype of a weights-only final save", choices=["float32", "bfloat16", "float16"]
+    )
     load_step: int = opt(-1, "step to resume from; -1 = latest")
     create_seed_checkpoint: bool = opt(False, "write step-0 model weights (1 process) and exit")
     exclude_from_loading: list[str] = opt([], "state keys not restored on resume")
@@ -178,21 +197,33 @@ class ActivationCheckpoint:
 @dataclass
 class Float8:
     # Read when model.converters holds "float8"; see docs/float8.md.
-    recipe_name: str = opt("tensorwise", "how float8 scales are computed",
-                           choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
-    enable_fsdp_float8_all_gather: bool = opt(False, "all-gather FSDP weights in float8 (tensorwise)")
+    recipe_name: str = opt(
+        "tensorwise",
+        "how float8 scales are computed",
+        choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"],
+    )
+    enable_fsdp_float8_all_gather: bool = opt(
+        False, "all-gather FSDP weights in float8 (tensorwise)"
+    )
     precompute_float8_dynamic_scale_for_fsdp: bool = opt(
-        False, "all weight scales in one all-reduce after each optimizer step")
+        False, "all weight scales in one all-reduce after each optimizer step"
+    )
     force_recompute_fp8_weight_in_bwd: bool = opt(False, "recompute float8 weights in backward")
-    filter_fqns: list[str] = opt(["output"], "Linear layers whose name contains one stay high precision")
+    filter_fqns: list[str] = opt(
+        ["output"], "Linear layers whose name contains one stay high precision"
+    )
     emulate: bool = opt(False, "float8 casts with high-precision matmuls (any GPU or CPU)")
 
 
 @dataclass
 class Validation:
     enabled: bool = opt(False, "compute a validation loss on held-out data during training")
-    dataset_path: str | None = opt(None, "held-out text or prepared shards, as training.dataset_path")
-    local_batch_size: int | None = opt(None, "sequences per rank per step; None = training's", min=1)
+    dataset_path: str | None = opt(
+        None, "held-out text or prepared shards, as training.dataset_path"
+    )
+    local_batch_size: int | None = opt(
+        None, "sequences per rank per step; None = training's", min=1
+    )
     seq_len: int | None = opt(None, "tokens per sequence; None = training's", min=1)
     freq: int = opt(100, "steps between validations (and after the last step)", min=1)
     steps: int = opt(-1, "batches per validation; -1 = every whole global batch of the data")

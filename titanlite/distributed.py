@@ -17,7 +17,9 @@ def device_type() -> str:
 
 def local_device() -> torch.device:
     if device_type() == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        )
     return torch.device("cpu")
 
 
@@ -39,22 +41,38 @@ def init(timeout_seconds: int) -> torch.device:
     timeout = datetime.timedelta(seconds=timeout_seconds)
     device_id = device if device.type == "cuda" else None
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if "RANK" in os.environ and restart != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if (
+        "RANK" in os.environ
+        and restart != "0"
+        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    ):
         # After torchrun restarts a failed group, the workers share the agent's store with the
         # dead group, whose keys (gloo's listening addresses) are still there: a new rank can
         # read a dead rank's address before its peer overwrites it ("connectFullMesh ...
         # Connection refused"). A key prefix per restart keeps the groups apart.
-        store = dist.PrefixStore(f"titanlite_restart_{restart}", dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-            timeout=timeout))
-        dist.init_process_group(backend_for(device), store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout,
-                                device_id=device_id)
+        store = dist.PrefixStore(
+            f"titanlite_restart_{restart}",
+            dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                timeout=timeout,
+            ),
+        )
+        dist.init_process_group(
+            backend_for(device),
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+            device_id=device_id,
+        )
     elif "RANK" in os.environ:
         dist.init_process_group(backend_for(device), timeout=timeout, device_id=device_id)
     else:
-        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+        dist.init_process_group(
+            backend_for(device), store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
     return device
 
 
@@ -64,7 +82,8 @@ def set_timeout(seconds: int) -> None:
     for backend_device in ("cpu", "cuda"):
         try:
             group._get_backend(torch.device(backend_device))._set_default_timeout(
-                datetime.timedelta(seconds=seconds))
+                datetime.timedelta(seconds=seconds)
+            )
         except (RuntimeError, AttributeError):
             pass
 

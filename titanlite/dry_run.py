@@ -50,8 +50,9 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     return {
         "parameters": tensors_bytes(params),
         "gradients": tensors_bytes(p.grad for p in params if p.grad is not None),
-        "optimizer": tensors_bytes(v for s in optimizer.state.values() for v in s.values()
-                                   if isinstance(v, torch.Tensor)),
+        "optimizer": tensors_bytes(
+            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        ),
     }
 
 
@@ -61,8 +62,10 @@ def fsdp_transient_bytes(args, tp: int, param_bytes: int, reduce_bytes: int) -> 
     computing and the one prefetched), and the largest unsharded gradient awaiting its
     reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
     root = 2 * args.vocab_size * args.dim + args.dim
-    block = (args.n_layers and (_num_params(args) - root) // args.n_layers)
-    return int((root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp)
+    block = args.n_layers and (_num_params(args) - root) // args.n_layers
+    return int(
+        (root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp
+    )
 
 
 def _num_params(args) -> int:
@@ -71,7 +74,9 @@ def _num_params(args) -> int:
     return num_params(args)
 
 
-def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def _create_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> torch.optim.Optimizer:
     """The state a first optimizer step creates, on meta tensors.
 
     DTensor optimizer state is sharded exactly like its parameter, so a twin of the optimizer
@@ -82,12 +87,20 @@ def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
         p.grad = torch.zeros_like(p)
     groups = []
     for g in optimizer.param_groups:
-        local = [(p.to_local() if isinstance(p, DTensor) else p).detach().requires_grad_()
-                 for p in g["params"]]
+        local = [
+            (p.to_local() if isinstance(p, DTensor) else p).detach().requires_grad_()
+            for p in g["params"]
+        ]
         for t in local:
             t.grad = torch.zeros_like(t)
-        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": local,
-                       "fused": False, "foreach": True})
+        groups.append(
+            {
+                **{k: v for k, v in g.items() if k != "params"},
+                "params": local,
+                "fused": False,
+                "foreach": True,
+            }
+        )
     twin = type(optimizer)(groups)
     twin.step()
     return twin
@@ -134,20 +147,30 @@ class Plan:
         for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
             lines.append(f"    {name:<36} {value / GIB:9.2f} GiB")
         verdict = "FITS" if self.fits else "DOES NOT FIT"
-        lines.append(f"    {'total':<36} {self.total / GIB:9.2f} GiB of {self.device_memory / GIB:.0f} GiB"
-                     f"  -> {verdict}")
+        lines.append(
+            f"    {'total':<36} {self.total / GIB:9.2f} GiB of {self.device_memory / GIB:.0f} GiB"
+            f"  -> {verdict}"
+        )
         if not self.fits:
             top = max(self.bytes, key=self.bytes.get)
-            lines.append(f"  biggest item: {top}; more data-parallel shards, tensor parallel, "
-                         "activation checkpointing or a smaller local batch reduce it")
+            lines.append(
+                f"  biggest item: {top}; more data-parallel shards, tensor parallel, "
+                "activation checkpointing or a smaller local batch reduce it"
+            )
         return "\n".join(lines)
 
 
 LLAMA3_VOCAB = 128_256
 
 
-def plan(job: JobConfig, world_size: int, rank: int = 0, device_memory_gib: float = 80.0,
-         device_type: str = "cuda", vocab_size: int | None = None) -> Plan:
+def plan(
+    job: JobConfig,
+    world_size: int,
+    rank: int = 0,
+    device_memory_gib: float = 80.0,
+    device_type: str = "cuda",
+    vocab_size: int | None = None,
+) -> Plan:
     """Build everything a real launch builds, on meta tensors, for `rank` of `world_size`.
     The vocabulary comes from the tokenizer when its file is here, else `vocab_size` (default:
     Llama 3's 128,256)."""
@@ -188,24 +211,38 @@ def plan(job: JobConfig, world_size: int, rank: int = 0, device_memory_gib: floa
     t = job.training
     compute_bytes = DTYPES[t.mixed_precision_param].itemsize
     act = estimate_activations(
-        pre.model_args, local_batch_size=t.local_batch_size, seq_len=t.seq_len, tp=dims.tp,
-        loss_parallel=opts.loss_parallel, ac_mode=opts.ac_mode, ac_option=opts.ac_option,
-        compute_bytes=compute_bytes)
+        pre.model_args,
+        local_batch_size=t.local_batch_size,
+        seq_len=t.seq_len,
+        tp=dims.tp,
+        loss_parallel=opts.loss_parallel,
+        ac_mode=opts.ac_mode,
+        ac_option=opts.ac_option,
+        compute_bytes=compute_bytes,
+    )
     if dims.fsdp_enabled:
         sizes["FSDP unsharded params/grads"] = fsdp_transient_bytes(
-            pre.model_args, dims.tp, compute_bytes, DTYPES[t.mixed_precision_reduce].itemsize)
+            pre.model_args, dims.tp, compute_bytes, DTYPES[t.mixed_precision_reduce].itemsize
+        )
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
     return Plan(
-        world_size=world_size, rank=rank, mesh=dict(zip(*reversed(dims.mesh_shape()))),
-        model=f"{job.model.name} {job.model.flavor}", n_params=spec.num_params(pre.model_args),
-        dp_size=dims.dp_size, tp=dims.tp, grad_accum_steps=pre.grad_accum_steps,
+        world_size=world_size,
+        rank=rank,
+        mesh=dict(zip(*reversed(dims.mesh_shape()))),
+        model=f"{job.model.name} {job.model.flavor}",
+        n_params=spec.num_params(pre.model_args),
+        dp_size=dims.dp_size,
+        tp=dims.tp,
+        grad_accum_steps=pre.grad_accum_steps,
         tokens_per_step=tokens,
         flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
-        device_memory=int(device_memory_gib * GIB), bytes=sizes,
+        device_memory=int(device_memory_gib * GIB),
+        bytes=sizes,
         seconds=time.perf_counter() - start,
-        float8=float8_plan.describe() if float8_plan is not None else None)
+        float8=float8_plan.describe() if float8_plan is not None else None,
+    )
 
 
 def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -217,7 +254,7 @@ def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
             i += 1
             continue
         if arg.startswith("--dry-run."):
-            key, eq, value = arg[len("--dry-run."):].partition("=")
+            key, eq, value = arg[len("--dry-run.") :].partition("=")
             if not eq:
                 if i + 1 >= len(argv):
                     raise config_lib.ConfigError(f"command line: {arg} needs a value")
@@ -239,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         if set(opts) - known:
             raise config_lib.ConfigError(
                 f"command line: unknown --dry-run.{sorted(set(opts) - known)[0]}; known: "
-                f"{', '.join(sorted(known))}")
+                f"{', '.join(sorted(known))}"
+            )
         default_world = int(os.environ.get("NGPU", "1")) * int(os.environ.get("NNODES", "1"))
         try:
             world = int(opts.get("world_size", default_world))

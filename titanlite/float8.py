@@ -21,11 +21,14 @@ def float8_options(job: JobConfig, *, fsdp_enabled: bool, device_type: str) -> F
     # Like TorchTitan: without FSDP there is no weight all-gather to do in float8.
     all_gather = f.enable_fsdp_float8_all_gather and fsdp_enabled
     return Float8Options(
-        recipe=f.recipe_name, emulate=f.emulate, filter_fqns=tuple(f.filter_fqns),
+        recipe=f.recipe_name,
+        emulate=f.emulate,
+        filter_fqns=tuple(f.filter_fqns),
         fsdp_float8_all_gather=all_gather,
         precompute_scale=all_gather and f.precompute_float8_dynamic_scale_for_fsdp,
         force_recompute_weight_in_bwd=f.force_recompute_fp8_weight_in_bwd,
-        float8_collectives=device_type == "cuda")
+        float8_collectives=device_type == "cuda",
+    )
 
 
 def torchao_missing(job: JobConfig) -> str | None:
@@ -45,6 +48,6 @@ def check(job: JobConfig, *, fsdp_enabled: bool, device_type: str, planning: boo
         import torch
 
         capability = torch.cuda.get_device_capability()
-    check_float8(opts, fsdp_enabled=fsdp_enabled, device_type=device_type,
-                 cuda_capability=capability)
-
+    check_float8(
+        opts, fsdp_enabled=fsdp_enabled, device_type=device_type, cuda_capability=capability
+    )

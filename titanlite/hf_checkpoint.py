@@ -52,9 +52,17 @@ DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # as transformers' save_pretrained
 Report = Callable[[str], None]
 
 _ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
     torch.float8_e5m2: "F8_E5M2",
 }
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
@@ -81,6 +89,7 @@ def _nbytes(shape: Iterable[int], dtype: torch.dtype) -> int:
 def read_safetensors_header(path: Path) -> dict[str, _Entry]:
     """The tensors of a safetensors file, checked: known dtypes, sizes that match the shapes,
     byte ranges that tile the file exactly."""
+
     def bad(why: str) -> CheckpointError:
         return CheckpointError(f"{path}: not a valid safetensors file ({why})")
 
@@ -133,8 +142,11 @@ class _SafetensorsWriter:
         offset = 0
         for name, shape, dtype in entries:
             n = _nbytes(shape, dtype)
-            header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
-                            "data_offsets": [offset, offset + n]}
+            header[name] = {
+                "dtype": _ST_DTYPES[dtype],
+                "shape": list(shape),
+                "data_offsets": [offset, offset + n],
+            }
             offset += n
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
@@ -145,7 +157,9 @@ class _SafetensorsWriter:
     def write(self, name: str, t: torch.Tensor) -> None:
         want = self.pending.pop(0)
         if (name, tuple(t.shape), t.dtype) != want:
-            raise AssertionError(f"{self.path}: got {name} {tuple(t.shape)} {t.dtype}, expected {want}")
+            raise AssertionError(
+                f"{self.path}: got {name} {tuple(t.shape)} {t.dtype}, expected {want}"
+            )
         self.f.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
 
     def close(self) -> None:
@@ -171,31 +185,40 @@ class _Progress:
         self.i += 1
         self.done += nbytes
         if self.report:
-            self.report(f"[{self.i}/{self.total}] {name}  {self.done / 2**20:,.1f}/"
-                        f"{self.total_bytes / 2**20:,.1f} MiB  {time.perf_counter() - self.start:.1f}s")
+            self.report(
+                f"[{self.i}/{self.total}] {name}  {self.done / 2**20:,.1f}/"
+                f"{self.total_bytes / 2**20:,.1f} MiB  {time.perf_counter() - self.start:.1f}s"
+            )
 
 
 def _describe(args: LlamaArgs) -> str:
-    return (f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads, {args.kv_heads} kv "
-            f"heads, vocab {args.vocab_size}")
+    return (
+        f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads, {args.kv_heads} kv "
+        f"heads, vocab {args.vocab_size}"
+    )
 
 
-def _check_tensors(have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]],
-                   where: str, args: LlamaArgs) -> None:
+def _check_tensors(
+    have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]], where: str, args: LlamaArgs
+) -> None:
     """Missing, mis-shaped or unexpected tensors -> one line naming the first of them."""
     missing = [k for k in want if k not in have]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{where} has no tensor {missing[0]}{more}, which the model "
-                              f"({_describe(args)}) needs")
+        raise CheckpointError(
+            f"{where} has no tensor {missing[0]}{more}, which the model ({_describe(args)}) needs"
+        )
     for k, shape in want.items():
         if tuple(have[k]) != tuple(shape):
-            raise CheckpointError(f"{where}: tensor {k} has shape {tuple(have[k])}, the model "
-                                  f"({_describe(args)}) needs {tuple(shape)}")
+            raise CheckpointError(
+                f"{where}: tensor {k} has shape {tuple(have[k])}, the model "
+                f"({_describe(args)}) needs {tuple(shape)}"
+            )
     extra = [k for k in have if k not in want]
     if extra:
-        raise CheckpointError(f"{where} has tensor {extra[0]}, which a Llama model "
-                              f"({_describe(args)}) does not have")
+        raise CheckpointError(
+            f"{where} has tensor {extra[0]}, which a Llama model ({_describe(args)}) does not have"
+        )
 
 
 def _start_output(dst: Path) -> Path:
@@ -221,22 +244,26 @@ class _DcpTensors:
         self.reader.read_metadata = lambda *a, **k: self.metadata  # read once, not per tensor
 
     def shapes(self, prefix: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {fqn[len(prefix):]: (tuple(md.size), md.properties.dtype)
-                for fqn, md in self.metadata.state_dict_metadata.items()
-                if fqn.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+        return {
+            fqn[len(prefix) :]: (tuple(md.size), md.properties.dtype)
+            for fqn, md in self.metadata.state_dict_metadata.items()
+            if fqn.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+        }
 
     def load(self, fqn: str) -> torch.Tensor:
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         md = self.metadata.state_dict_metadata[fqn]
         t = torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        _load_state_dict({fqn: t}, storage_reader=self.reader, planner=DefaultLoadPlanner(),
-                         no_dist=True)
+        _load_state_dict(
+            {fqn: t}, storage_reader=self.reader, planner=DefaultLoadPlanner(), no_dist=True
+        )
         return t
 
 
-def _model_of_checkpoint(src: Path, manifest: dict, vocab_size: int,
-                         config: Path | None) -> tuple[LlamaArgs, Path | None]:
+def _model_of_checkpoint(
+    src: Path, manifest: dict, vocab_size: int, config: Path | None
+) -> tuple[LlamaArgs, Path | None]:
     """The model args (and tokenizer, if known) of a checkpoint: from its manifest's
     `model_config`, else from a config.toml: `config`, or the run's own in the dump folder
     (`step-N/../../config.toml`, or an earlier one kept as `config.<time>.toml`) whose hash is
@@ -246,16 +273,22 @@ def _model_of_checkpoint(src: Path, manifest: dict, vocab_size: int,
         if recorded.get("name", MODEL_NAME) != MODEL_NAME:
             raise CheckpointError(f"{src}: model {recorded['name']!r} has no Hugging Face mapping")
         tok = recorded.get("tokenizer")
-        return _checked(src, lambda: LlamaArgs.from_dict(recorded["args"])), Path(tok) if tok else None
+        return _checked(src, lambda: LlamaArgs.from_dict(recorded["args"])), Path(
+            tok
+        ) if tok else None
     if config is None:
         dump = src.resolve().parent.parent
-        found = [c for c in [dump / "config.toml", *sorted(dump.glob("config.*.toml"))]
-                 if c.is_file() and checkpoint.config_hash(c.read_text()) == manifest.get("config_hash")]
+        found = [
+            c
+            for c in [dump / "config.toml", *sorted(dump.glob("config.*.toml"))]
+            if c.is_file() and checkpoint.config_hash(c.read_text()) == manifest.get("config_hash")
+        ]
         if not found:
             raise CheckpointError(
                 f"{src}: cannot tell the model's shape: its manifest has no model_config (saved "
                 f"by an older titanlite) and {dump} has no config.toml of the run that saved it; "
-                "pass --config with that run's config")
+                "pass --config with that run's config"
+            )
         config = found[0]
     from titanlite import config as config_lib
     from titanlite.data import TokenizerError, resolve_tokenizer_path
@@ -290,8 +323,10 @@ def _tokenizer_files(tokenizer: Path, vocab_size: int) -> tuple[Path, dict[str, 
     except TokenizerError as e:
         raise CheckpointError(str(e)) from None
     if tok.vocab_size > vocab_size:
-        raise CheckpointError(f"tokenizer {path} has {tok.vocab_size} tokens, more than the "
-                              f"model's vocab_size {vocab_size}: it is not this model's tokenizer")
+        raise CheckpointError(
+            f"tokenizer {path} has {tok.vocab_size} tokens, more than the "
+            f"model's vocab_size {vocab_size}: it is not this model's tokenizer"
+        )
     cfg_path = path.parent / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
     cfg.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
@@ -313,10 +348,17 @@ def _shards(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_bytes: 
     return shards
 
 
-def dcp_to_hf(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
-              tokenizer: Path | None = None, config: Path | None = None,
-              max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
-              max_position_embeddings: int | None = None, report: Report | None = None) -> None:
+def dcp_to_hf(
+    src: Path,
+    dst: Path,
+    *,
+    dtype: torch.dtype | None = None,
+    tokenizer: Path | None = None,
+    config: Path | None = None,
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+    max_position_embeddings: int | None = None,
+    report: Report | None = None,
+) -> None:
     """Write the model of titanlite checkpoint `src` as a Hugging Face Llama folder `dst`.
 
     `dtype` (default: the checkpoint's), `tokenizer` (a tokenizer.json or its folder; default:
@@ -331,11 +373,17 @@ def dcp_to_hf(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
     reader = _DcpTensors(src)
     saved = reader.shapes("model.")
     if not saved:
-        raise CheckpointError(f"{src} holds no model weights (keys: {', '.join(manifest.get('keys', []))})")
+        raise CheckpointError(
+            f"{src} holds no model weights (keys: {', '.join(manifest.get('keys', []))})"
+        )
     if "tok_embeddings.weight" not in saved:
         raise CheckpointError(f"{src} has no tensor tok_embeddings.weight: not a Llama checkpoint")
-    args, recorded_tok = _model_of_checkpoint(src, manifest, saved["tok_embeddings.weight"][0][0], config)
-    _check_tensors({k: s for k, (s, _) in saved.items()}, hf.state_dict_shapes(args), str(src), args)
+    args, recorded_tok = _model_of_checkpoint(
+        src, manifest, saved["tok_embeddings.weight"][0][0], config
+    )
+    _check_tensors(
+        {k: s for k, (s, _) in saved.items()}, hf.state_dict_shapes(args), str(src), args
+    )
 
     tok = None
     if tokenizer is not None:
@@ -354,11 +402,18 @@ def dcp_to_hf(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
     entries = [(hf.to_hf_name(k), saved[k][0], out_dtype[k]) for k in keys]
     by_name = dict(zip((e[0] for e in entries), keys))
     shards = _shards(entries, max_shard_size)
-    names = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    cfg = hf.hf_config(args, dtype=out_dtype["tok_embeddings.weight"],
-                       max_position_embeddings=max_position_embeddings,
-                       bos_token_id=tok[2] if tok else None, eos_token_id=tok[3] if tok else None)
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    cfg = hf.hf_config(
+        args,
+        dtype=out_dtype["tok_embeddings.weight"],
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tok[2] if tok else None,
+        eos_token_id=tok[3] if tok else None,
+    )
     total = sum(_nbytes(s, d) for _, s, d in entries)
     progress = _Progress(len(entries), total, report)
 
@@ -378,9 +433,13 @@ def dcp_to_hf(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
                 del t
             writer.close()
         if len(shards) > 1:
-            index = {"metadata": {"total_size": total},
-                     "weight_map": {e[0]: n for n, shard in zip(names, shards) for e in shard}}
-            (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": {e[0]: n for n, shard in zip(names, shards) for e in shard},
+            }
+            (partial / "model.safetensors.index.json").write_text(
+                json.dumps(index, indent=2) + "\n"
+            )
         partial.rename(dst)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -406,7 +465,8 @@ def _hf_tensors(src: Path) -> dict[str, _Entry]:
         raise CheckpointError(
             f"{src} holds pickle weights only (pytorch_model.bin / .pth); titanlite reads "
             "safetensors only, never pickle: re-save them with transformers' "
-            "save_pretrained(..., safe_serialization=True)")
+            "save_pretrained(..., safe_serialization=True)"
+        )
     else:
         raise CheckpointError(f"{src} has no model.safetensors (nor an index of shards)")
     out: dict[str, _Entry] = {}
@@ -452,8 +512,9 @@ def read_hf_config(src: Path) -> tuple[dict[str, Any], LlamaArgs]:
         raise CheckpointError(f"{src}/{e}") from None
 
 
-def hf_to_dcp(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
-              report: Report | None = None) -> None:
+def hf_to_dcp(
+    src: Path, dst: Path, *, dtype: torch.dtype | None = None, report: Report | None = None
+) -> None:
     """Write the Hugging Face Llama folder `src` as a complete titanlite checkpoint `dst`
     (model weights, manifest), usable as `checkpoint.initial_load_path` on any layout.
     `dtype` defaults to each tensor's own."""
@@ -469,7 +530,9 @@ def hf_to_dcp(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
 
     out_dtype = {k: dtype or tensors[source[k]].dtype for k in shapes}
     placeholders = {k: torch.empty((), dtype=out_dtype[k]).expand(s) for k, s in shapes.items()}
-    progress = _Progress(len(shapes), sum(_nbytes(s, out_dtype[k]) for k, s in shapes.items()), report)
+    progress = _Progress(
+        len(shapes), sum(_nbytes(s, out_dtype[k]) for k, s in shapes.items()), report
+    )
     files: dict[Path, BinaryIO] = {}
 
     def produce(fqn: str) -> torch.Tensor:
@@ -483,14 +546,24 @@ def hf_to_dcp(src: Path, dst: Path, *, dtype: torch.dtype | None = None,
         return t
 
     tok = src / "tokenizer.json"
-    info = {"step": 0, "converted_from": str(src.resolve()), "torch_version": torch.__version__,
-            "titanlite_version": checkpoint.titanlite_version(), "saved_at": time.time(),
-            "model_config": checkpoint.model_config_record(MODEL_NAME, None, args,
-                                                            tok.resolve() if tok.is_file() else None)}
+    info = {
+        "step": 0,
+        "converted_from": str(src.resolve()),
+        "torch_version": torch.__version__,
+        "titanlite_version": checkpoint.titanlite_version(),
+        "saved_at": time.time(),
+        "model_config": checkpoint.model_config_record(
+            MODEL_NAME, None, args, tok.resolve() if tok.is_file() else None
+        ),
+    }
     try:
-        save_full_state_dict({"model": placeholders}, dst, info,
-                             planner=_StreamingSavePlanner(produce), file_per_tensor=True)
+        save_full_state_dict(
+            {"model": placeholders},
+            dst,
+            info,
+            planner=_StreamingSavePlanner(produce),
+            file_per_tensor=True,
+        )
     finally:
         for f in files.values():
             f.close()
-

@@ -14,8 +14,9 @@ def init_logger() -> None:
         return
     rank = os.environ.get("RANK", "0")
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(message)s",
-                                           datefmt="%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    )
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

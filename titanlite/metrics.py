@@ -22,9 +22,18 @@ from titanlite.logging import logger
 
 # Dense bf16 peak FLOP/s by device name fragment (vendor data sheets, SXM variants).
 PEAK_BF16_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2.25e15,
-    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12,
-    "MI300X": 1307e12, "MI250X": 383e12,
+    "H200": 989e12,
+    "H100": 989e12,
+    "H800": 989e12,
+    "GH200": 989e12,
+    "B200": 2.25e15,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10G": 70e12,
+    "MI300X": 1307e12,
+    "MI250X": 383e12,
 }
 
 
@@ -52,10 +61,17 @@ def memory_gib(device: torch.device) -> float:
 
 # metrics.jsonl key -> TensorBoard tag.
 TB_TAGS = {
-    "loss": "loss/train", "tps": "throughput/tps", "tflops": "throughput/tflops",
-    "mfu": "throughput/mfu_pct", "memory_gib": "memory/peak_gib", "step_time_s": "time/step_s",
-    "data_loading_pct": "time/data_loading_pct", "checkpoint_blocked_s": "time/checkpoint_blocked_s",
-    "lr": "optim/lr", "grad_norm": "optim/grad_norm", "val_loss": "loss/validation",
+    "loss": "loss/train",
+    "tps": "throughput/tps",
+    "tflops": "throughput/tflops",
+    "mfu": "throughput/mfu_pct",
+    "memory_gib": "memory/peak_gib",
+    "step_time_s": "time/step_s",
+    "data_loading_pct": "time/data_loading_pct",
+    "checkpoint_blocked_s": "time/checkpoint_blocked_s",
+    "lr": "optim/lr",
+    "grad_norm": "optim/grad_norm",
+    "val_loss": "loss/validation",
 }
 
 
@@ -70,10 +86,20 @@ def tb_run_dir(root: Path, resumed: bool) -> Path:
 class MetricsLogger:
     """Collects per-step figures and writes them every `log_freq` steps (rank 0 writes files)."""
 
-    def __init__(self, cfg: Metrics, dump_folder: Path, device: torch.device, write_files: bool,
-                 flops_per_token: int, tokens_per_step_per_device: float, total_steps: int,
-                 start_step: int = 0, rank: int = 0, config_text: str = "",
-                 tb_dir: Path | None = None):
+    def __init__(
+        self,
+        cfg: Metrics,
+        dump_folder: Path,
+        device: torch.device,
+        write_files: bool,
+        flops_per_token: int,
+        tokens_per_step_per_device: float,
+        total_steps: int,
+        start_step: int = 0,
+        rank: int = 0,
+        config_text: str = "",
+        tb_dir: Path | None = None,
+    ):
         self.cfg, self.device, self.start_step = cfg, device, start_step
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
         self.tokens_per_step = tokens_per_step_per_device
@@ -82,7 +108,11 @@ class MetricsLogger:
         if write_files:
             dump_folder.mkdir(parents=True, exist_ok=True)
             self.jsonl = (dump_folder / "metrics.jsonl").open("a", buffering=1)
-        if cfg.enable_tensorboard and tb_dir is not None and (write_files or cfg.save_for_all_ranks):
+        if (
+            cfg.enable_tensorboard
+            and tb_dir is not None
+            and (write_files or cfg.save_for_all_ranks)
+        ):
             from torch.utils.tensorboard import SummaryWriter
 
             if cfg.save_for_all_ranks:
@@ -119,18 +149,26 @@ class MetricsLogger:
     def count_step(self) -> None:
         self.window_steps += 1
 
-    def log(self, step: int, loss: float, grad_norm: float, lr: float,
-            val_loss: float | None = None) -> dict[str, Any]:
+    def log(
+        self, step: int, loss: float, grad_norm: float, lr: float, val_loss: float | None = None
+    ) -> dict[str, Any]:
         now = time.perf_counter()
         elapsed = max(now - self.window_start, 1e-9)
         tps = self.tokens_per_step * self.window_steps / elapsed
         tflops = self.flops_per_token * tps / 1e12
         record = {
-            "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr, "tps": tps,
-            "tflops": tflops, "mfu": None if self.peak is None else 100 * tflops * 1e12 / self.peak,
-            "memory_gib": memory_gib(self.device), "data_loading_pct": 100 * self.data_time / elapsed,
+            "step": step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tps": tps,
+            "tflops": tflops,
+            "mfu": None if self.peak is None else 100 * tflops * 1e12 / self.peak,
+            "memory_gib": memory_gib(self.device),
+            "data_loading_pct": 100 * self.data_time / elapsed,
             "step_time_s": elapsed / max(1, self.window_steps),
-            "checkpoint_blocked_s": self.window_checkpoint_time, "elapsed_s": now - self.start,
+            "checkpoint_blocked_s": self.window_checkpoint_time,
+            "elapsed_s": now - self.start,
         }
         if val_loss is not None:  # only on the steps that validated
             record["val_loss"] = val_loss
@@ -158,8 +196,11 @@ class MetricsLogger:
 
     def log_goodput(self, step: int, goodput: dict[str, float]) -> None:
         """The end-of-run goodput (titanlite.train.goodput) on the console and in TensorBoard."""
-        parts = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in goodput.items()
-                          if k.endswith("_s") and k != "wall_s")
+        parts = ", ".join(
+            f"{k.removesuffix('_s')} {v:.1f}s"
+            for k, v in goodput.items()
+            if k.endswith("_s") and k != "wall_s"
+        )
         logger.info(f"goodput {goodput['goodput_pct']:.1f}% of {goodput['wall_s']:.1f}s ({parts})")
         if self.tb is not None:
             for key, value in goodput.items():

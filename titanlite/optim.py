@@ -17,10 +17,17 @@ def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps,
-              "fused": cfg.implementation == "fused", "foreach": cfg.implementation == "foreach"}
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    kwargs = {
+        "lr": cfg.lr,
+        "betas": (cfg.beta1, cfg.beta2),
+        "eps": cfg.eps,
+        "fused": cfg.implementation == "fused",
+        "foreach": cfg.implementation == "foreach",
+    }
     cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
     return cls(groups, **kwargs)
 
@@ -29,7 +36,9 @@ def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
     """Multiplier of the peak LR after `step` optimizer steps (0-based): linear warmup, a stable
     phase, then decay to lr_min (warmup-stable-decay when decay_ratio is set)."""
     warmup = cfg.warmup_steps
-    decay = total_steps - warmup if cfg.decay_ratio is None else round(total_steps * cfg.decay_ratio)
+    decay = (
+        total_steps - warmup if cfg.decay_ratio is None else round(total_steps * cfg.decay_ratio)
+    )
     # A short run (e.g. --training.steps 5 on a preset) shortens the decay rather than failing.
     decay = max(0, min(decay, total_steps - warmup))
     stable_end = total_steps - decay
@@ -48,8 +57,9 @@ def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
     return cfg.lr_min + (1 - cfg.lr_min) * shape
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler,
-                       total_steps: int) -> LambdaLR:
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: LRScheduler, total_steps: int
+) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 

@@ -68,8 +68,10 @@ def requeue_slurm_job() -> bool:
         job_id = f"{job_id}_{task}"
     proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if proc.returncode != 0:
-        logger.warning(f"scontrol requeue {job_id} failed ({proc.returncode}): "
-                       f"{proc.stderr.strip() or proc.stdout.strip()}")
+        logger.warning(
+            f"scontrol requeue {job_id} failed ({proc.returncode}): "
+            f"{proc.stderr.strip() or proc.stdout.strip()}"
+        )
         return False
     logger.info(f"SLURM job {job_id} requeued; it resumes from the checkpoint when rescheduled")
     return True

@@ -70,15 +70,27 @@ def model_args(job: JobConfig, vocab_size: int):
     from models import MODELS
 
     m = job.model
-    return MODELS[m.name].flavors[m.flavor].with_overrides(
-        vocab_size=vocab_size, max_seq_len=job.training.seq_len, dim=m.dim, n_layers=m.n_layers,
-        n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, multiple_of=m.multiple_of,
-        ffn_dim_multiplier=m.ffn_dim_multiplier, norm_eps=m.norm_eps, rope_theta=m.rope_theta,
+    return (
+        MODELS[m.name]
+        .flavors[m.flavor]
+        .with_overrides(
+            vocab_size=vocab_size,
+            max_seq_len=job.training.seq_len,
+            dim=m.dim,
+            n_layers=m.n_layers,
+            n_heads=m.n_heads,
+            n_kv_heads=m.n_kv_heads,
+            multiple_of=m.multiple_of,
+            ffn_dim_multiplier=m.ffn_dim_multiplier,
+            norm_eps=m.norm_eps,
+            rope_theta=m.rope_theta,
+        )
     )
 
 
-def check(job: JobConfig, world_size: int, device: str | None = None,
-          vocab_size: int | None = None) -> Preflight:
+def check(
+    job: JobConfig, world_size: int, device: str | None = None, vocab_size: int | None = None
+) -> Preflight:
     """Raise ConfigError (or a subclass of ValueError / EnvironmentProblem) on the first problem.
 
     A dry run plans for a cluster from a laptop: `device` overrides the local device type, and a
@@ -111,14 +123,29 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
         raise ConfigError(f"[model] {e}") from None
 
     p, t = job.parallelism, job.training
-    dims = ParallelDims.resolve(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                p.tensor_parallel_degree, world_size)
-    check_layout(dims, n_heads=args.n_heads, n_kv_heads=args.kv_heads, seq_len=t.seq_len,
-                 local_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
-                 device_type=device or device_type(), async_tp=p.enable_async_tensor_parallel,
-                 compile=t.compile)
-    float8.check(job, fsdp_enabled=dims.fsdp_enabled, device_type=device or device_type(),
-                 planning=device is not None)
+    dims = ParallelDims.resolve(
+        p.data_parallel_replicate_degree,
+        p.data_parallel_shard_degree,
+        p.tensor_parallel_degree,
+        world_size,
+    )
+    check_layout(
+        dims,
+        n_heads=args.n_heads,
+        n_kv_heads=args.kv_heads,
+        seq_len=t.seq_len,
+        local_batch_size=t.local_batch_size,
+        global_batch_size=t.global_batch_size,
+        device_type=device or device_type(),
+        async_tp=p.enable_async_tensor_parallel,
+        compile=t.compile,
+    )
+    float8.check(
+        job,
+        fsdp_enabled=dims.fsdp_enabled,
+        device_type=device or device_type(),
+        planning=device is not None,
+    )
     if job.profiling.enable_memory_snapshot and (device or device_type()) != "cuda":
         raise ConfigError(
             "[profiling] enable_memory_snapshot records the CUDA caching allocator and this "
@@ -145,8 +172,9 @@ def check(job: JobConfig, world_size: int, device: str | None = None,
     if not planning:  # text files are listed, prepared shards checked against the tokenizer
         dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
         if job.validation.enabled:
-            validation = open_dataset(Path(job.validation.dataset_path), tokenizer,
-                                      "validation.dataset_path")
+            validation = open_dataset(
+                Path(job.validation.dataset_path), tokenizer, "validation.dataset_path"
+            )
     if job.profiling.enable_profiling and job.profiling.profile_freq < 2:
         raise ConfigError("[profiling] profile_freq must be >= 2 (one warm-up step, one traced)")
     return Preflight(dims, args, tokenizer_path, dataset, validation, accum)
@@ -158,8 +186,14 @@ def user_errors() -> tuple[type[Exception], ...]:
     from titanlite.checkpoint_storage import CheckpointError
     from titanlite.data import DatasetError, TokenizerError
 
-    return (ConfigError, LayoutError, DatasetError, TokenizerError, CheckpointError,
-            EnvironmentProblem)
+    return (
+        ConfigError,
+        LayoutError,
+        DatasetError,
+        TokenizerError,
+        CheckpointError,
+        EnvironmentProblem,
+    )
 
 
 def run(argv: list[str], world_size: int) -> tuple[JobConfig, Preflight]:

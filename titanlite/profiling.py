@@ -14,7 +14,9 @@ from titanlite.logging import logger
 
 
 @contextlib.contextmanager
-def maybe_profile(cfg: Profiling, dump_folder: Path, rank: int) -> Iterator[torch.profiler.profile | None]:
+def maybe_profile(
+    cfg: Profiling, dump_folder: Path, rank: int
+) -> Iterator[torch.profiler.profile | None]:
     if not cfg.enable_profiling:
         yield None
         return
@@ -33,7 +35,9 @@ def maybe_profile(cfg: Profiling, dump_folder: Path, rank: int) -> Iterator[torc
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(
-        activities=activities, record_shapes=True, on_trace_ready=save,
+        activities=activities,
+        record_shapes=True,
+        on_trace_ready=save,
         schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active),
     ) as prof:
         yield prof
@@ -68,7 +72,9 @@ class MemorySnapshots:
 
 
 @contextlib.contextmanager
-def maybe_memory_snapshots(cfg: Profiling, dump_folder: Path, rank: int) -> Iterator[MemorySnapshots | None]:
+def maybe_memory_snapshots(
+    cfg: Profiling, dump_folder: Path, rank: int
+) -> Iterator[MemorySnapshots | None]:
     if not cfg.enable_memory_snapshot:
         yield None
         return

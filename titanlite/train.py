@@ -46,11 +46,16 @@ def parallelize_options(job: JobConfig, dims, device_type: str) -> ParallelizeOp
     f8 = float8_options(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type)
     return ParallelizeOptions(
         loss_parallel=dims.tp_enabled and not p.disable_loss_parallel,
-        async_tp=p.enable_async_tensor_parallel, ac_mode=ac.mode, ac_option=ac.selective_ac_option,
-        compile=t.compile, param_dtype=DTYPES[t.mixed_precision_param],
+        async_tp=p.enable_async_tensor_parallel,
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        compile=t.compile,
+        param_dtype=DTYPES[t.mixed_precision_param],
         reduce_dtype=DTYPES[t.mixed_precision_reduce],
-        reshard_after_forward=p.fsdp_reshard_after_forward, cpu_offload=t.enable_cpu_offload,
-        float8=f8)
+        reshard_after_forward=p.fsdp_reshard_after_forward,
+        cpu_offload=t.enable_cpu_offload,
+        float8=f8,
+    )
 
 
 class TrainState:
@@ -99,20 +104,40 @@ class Trainer:
             if isinstance(source, ShardSet):
                 self._verify_shards(source)
         self.dataloader = build_dataloader(
-            pre.dataset, tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
-            dp_rank=dp_rank, dp_size=dp_size, seed=self.seed, text_field=t.dataset_text_field)
+            pre.dataset,
+            tokenizer,
+            seq_len=t.seq_len,
+            local_batch_size=t.local_batch_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            seed=self.seed,
+            text_field=t.dataset_text_field,
+        )
         v = job.validation
-        self.validation_data = None if not v.enabled else ValidationData(
-            pre.validation_dataset, tokenizer, v.seq_len or t.seq_len,
-            v.local_batch_size or t.local_batch_size, dp_rank, dp_size, v.steps, t.dataset_text_field)
+        self.validation_data = (
+            None
+            if not v.enabled
+            else ValidationData(
+                pre.validation_dataset,
+                tokenizer,
+                v.seq_len or t.seq_len,
+                v.local_batch_size or t.local_batch_size,
+                dp_rank,
+                dp_size,
+                v.steps,
+                t.dataset_text_field,
+            )
+        )
 
         spec = MODELS[job.model.name]
         with torch.device("meta"):
             model = spec.model_cls(pre.model_args)
         n_params = spec.num_params(pre.model_args)
         self.flops_per_token = spec.training_flops_per_token(pre.model_args, t.seq_len)
-        logger.info(f"model {job.model.name} {job.model.flavor}: {n_params:,} parameters, "
-                    f"{self.flops_per_token / 1e9:.3f} GFLOPs per token (training), seed {self.seed}")
+        logger.info(
+            f"model {job.model.name} {job.model.flavor}: {n_params:,} parameters, "
+            f"{self.flops_per_token / 1e9:.3f} GFLOPs per token (training), seed {self.seed}"
+        )
         self.param_dtype = DTYPES[t.mixed_precision_param]
         opts = parallelize_options(job, self.dims, self.device.type)
         self.loss_parallel = opts.loss_parallel
@@ -129,44 +154,76 @@ class Trainer:
 
         self.loss_fn = torch.compile(cross_entropy_loss) if t.compile else cross_entropy_loss
         # FSDP casts parameters itself; without it, autocast gives the same compute dtype.
-        self.amp = (torch.autocast(self.device.type, dtype=self.param_dtype)
-                    if not self.dims.fsdp_enabled and self.param_dtype != torch.float32
-                    else contextlib.nullcontext())
+        self.amp = (
+            torch.autocast(self.device.type, dtype=self.param_dtype)
+            if not self.dims.fsdp_enabled and self.param_dtype != torch.float32
+            else contextlib.nullcontext()
+        )
         self.optimizer = build_optimizer(model, job.optimizer)
         if opts.float8 is not None and opts.float8.precompute_scale:
             register_scale_precompute(self.optimizer, model)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
-        self.validator = None if self.validation_data is None else Validator(
-            job.validation, self.validation_data, model, self.loss_fn, self.device,
-            self.loss_parallel, self.amp, self.global_mean)
+        self.validator = (
+            None
+            if self.validation_data is None
+            else Validator(
+                job.validation,
+                self.validation_data,
+                model,
+                self.loss_fn,
+                self.device,
+                self.loss_parallel,
+                self.amp,
+                self.global_mean,
+            )
+        )
         self.params = [q for q in model.parameters() if q.requires_grad]
         self.train_state = TrainState()
         self.checkpointer = CheckpointManager(
-            job.checkpoint, self.dump_folder, model=model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, dataloader=self.dataloader,
-            train_state=self.train_state, config_hash=config_hash(self.config_text),
+            job.checkpoint,
+            self.dump_folder,
+            model=model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            dataloader=self.dataloader,
+            train_state=self.train_state,
+            config_hash=config_hash(self.config_text),
             total_steps=t.steps,
-            model_config=model_config_record(job.model.name, job.model.flavor, pre.model_args,
-                                             pre.tokenizer_path))
+            model_config=model_config_record(
+                job.model.name, job.model.flavor, pre.model_args, pre.tokenizer_path
+            ),
+        )
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
         tokens_per_device = t.local_batch_size * t.seq_len * self.grad_accum_steps / self.dims.tp
         # Steps up to here were trained by an earlier launch past its last checkpoint: this
         # launch trains them again (lost time for goodput).
-        self.redo_until = last_logged_step(self.dump_folder) if self.checkpointer.resumed_from else 0
+        self.redo_until = (
+            last_logged_step(self.dump_folder) if self.checkpointer.resumed_from else 0
+        )
         self.metrics = MetricsLogger(
-            job.metrics, self.dump_folder, self.device, write_files=self.rank == 0,
-            flops_per_token=self.flops_per_token, tokens_per_step_per_device=tokens_per_device,
-            total_steps=t.steps, start_step=self.train_state.step, rank=self.rank,
+            job.metrics,
+            self.dump_folder,
+            self.device,
+            write_files=self.rank == 0,
+            flops_per_token=self.flops_per_token,
+            tokens_per_step_per_device=tokens_per_device,
+            total_steps=t.steps,
+            start_step=self.train_state.step,
+            rank=self.rank,
             config_text=self.config_text,
-            tb_dir=tb_run_dir(self.dump_folder / job.metrics.save_tb_folder,
-                              resumed=self.checkpointer.resumed_from is not None))
+            tb_dir=tb_run_dir(
+                self.dump_folder / job.metrics.save_tb_folder,
+                resumed=self.checkpointer.resumed_from is not None,
+            ),
+        )
         logger.info(
             f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "
             f"micro-batch, {self.grad_accum_steps} micro-batch(es) per step, data-parallel degree "
             f"{self.dims.dp_size}, {t.local_batch_size * self.dims.dp_size * self.grad_accum_steps} "
-            "sequences per step")
+            "sequences per step"
+        )
 
     def _log_layout(self) -> None:
         """The rank -> device -> mesh coordinate map, once, on rank 0."""
@@ -183,9 +240,11 @@ class Trainer:
         problems = distributed.shared_check(len(shards.shards), shards.verify_checksums)
         if problems:
             raise DatasetError(f"{shards.key}: " + "; ".join(problems[:3]))
-        logger.info(f"{shards.manifest_file}: {len(shards.shards)} shards, "
-                    f"{shards.total_tokens:,} tokens, checksums verified in "
-                    f"{time.perf_counter() - start:.1f}s")
+        logger.info(
+            f"{shards.manifest_file}: {len(shards.shards)} shards, "
+            f"{shards.total_tokens:,} tokens, checksums verified in "
+            f"{time.perf_counter() - start:.1f}s"
+        )
 
     def _save_resolved_config(self) -> None:
         self.dump_folder.mkdir(parents=True, exist_ok=True)
@@ -201,13 +260,19 @@ class Trainer:
         batches = []
         for _ in range(self.grad_accum_steps):
             inputs, labels = next(data_iter)
-            batches.append((inputs.to(self.device, non_blocking=True),
-                            labels.to(self.device, non_blocking=True)))
+            batches.append(
+                (
+                    inputs.to(self.device, non_blocking=True),
+                    labels.to(self.device, non_blocking=True),
+                )
+            )
         self.last_data_s = time.perf_counter() - start
         self.metrics.add_data_time(self.last_data_s)
         return batches
 
-    def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def train_step(
+        self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step over the micro-batches: (summed loss, grad norm, LR used)."""
         self.optimizer.zero_grad(set_to_none=True)
         n = len(microbatches)
@@ -262,11 +327,18 @@ class Trainer:
         distributed.set_timeout(self.job.comm.train_timeout_seconds)
         tokens_per_step = t.local_batch_size * t.seq_len * self.grad_accum_steps * self.dims.dp_size
         records = []
-        lost = self.lost = {"init_s": time.perf_counter() - self.launch_start, "data_s": 0.0,
-                            "checkpoint_s": 0.0, "redone_s": 0.0, "validation_s": 0.0}
+        lost = self.lost = {
+            "init_s": time.perf_counter() - self.launch_start,
+            "data_s": 0.0,
+            "checkpoint_s": 0.0,
+            "redone_s": 0.0,
+            "validation_s": 0.0,
+        }
         productive = 0.0
-        with (maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler,
-              maybe_memory_snapshots(self.job.profiling, self.dump_folder, self.rank) as snapshots):
+        with (
+            maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler,
+            maybe_memory_snapshots(self.job.profiling, self.dump_folder, self.rank) as snapshots,
+        ):
             while state.step < t.steps:
                 step_start = time.perf_counter()
                 state.step += 1
@@ -285,8 +357,11 @@ class Trainer:
                 val_loss = self.validate(state.step)
                 # Reading the loss syncs with the device: only on the steps that log it.
                 if self.metrics.should_log(state.step) or val_loss is not None:
-                    records.append(self.metrics.log(
-                        state.step, self.global_mean(loss), grad_norm.item(), lr, val_loss))
+                    records.append(
+                        self.metrics.log(
+                            state.step, self.global_mean(loss), grad_norm.item(), lr, val_loss
+                        )
+                    )
                 step_s = time.perf_counter() - step_start
                 state.elapsed_s += step_s
                 lost["data_s"] += self.last_data_s
@@ -313,9 +388,15 @@ class Trainer:
         if not self.preempted:
             logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
         wall = time.perf_counter() - self.launch_start
-        self.metrics.log_goodput(state.step, {
-            "goodput_pct": 100 * productive / wall, "wall_s": wall, "productive_s": productive,
-            **lost})
+        self.metrics.log_goodput(
+            state.step,
+            {
+                "goodput_pct": 100 * productive / wall,
+                "wall_s": wall,
+                "productive_s": productive,
+                **lost,
+            },
+        )
         return records
 
     def _timed_save(self, step: int, **kwargs) -> None:
@@ -333,14 +414,18 @@ class Trainer:
         step = self.train_state.step
         name = signal.Signals(signum).name
         if not self.job.checkpoint.enable_checkpoint:
-            logger.warning(f"{name}: stopping after step {step} WITHOUT a checkpoint "
-                           "(checkpoint.enable_checkpoint is off): a restart begins at step 0")
+            logger.warning(
+                f"{name}: stopping after step {step} WITHOUT a checkpoint "
+                "(checkpoint.enable_checkpoint is off): a restart begins at step 0"
+            )
             return
         self.checkpointer.wait()
         if not saved:
             self._timed_save(step, force_sync=True)
-        logger.info(f"{name}: stopped after step {step}; checkpoint "
-                    f"{self.checkpointer.folder / f'step-{step}'} is complete")
+        logger.info(
+            f"{name}: stopped after step {step}; checkpoint "
+            f"{self.checkpointer.folder / f'step-{step}'} is complete"
+        )
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -355,7 +440,9 @@ def last_logged_step(dump_folder: Path) -> int:
     path = dump_folder / "metrics.jsonl"
     if not path.exists():
         return 0
-    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
+    steps = [
+        json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()
+    ]
     return max(steps, default=0)
 
 

@@ -29,8 +29,17 @@ from titanlite.logging import logger
 class ValidationData:
     """The held-out windows of one rank, batch by batch."""
 
-    def __init__(self, source: DataSource, tokenizer: Tokenizer, seq_len: int, local_batch_size: int,
-                 dp_rank: int, dp_size: int, steps: int, text_field: str = "text"):
+    def __init__(
+        self,
+        source: DataSource,
+        tokenizer: Tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        steps: int,
+        text_field: str = "text",
+    ):
         n = seq_len + 1
         if isinstance(source, ShardSet):
             windows = source.num_windows(seq_len)
@@ -46,25 +55,38 @@ class ValidationData:
             raise DatasetError(
                 f"validation.dataset_path holds {windows} windows of seq_len + 1 = {n} tokens, fewer "
                 f"than one global batch ({self.split.chunk}); give it more data or lower "
-                "validation.local_batch_size")
+                "validation.local_batch_size"
+            )
         if steps > available:
-            logger.warning(f"validation.steps = {steps}, but the held-out data holds only "
-                           f"{available} global batches: validating on {available}")
+            logger.warning(
+                f"validation.steps = {steps}, but the held-out data holds only "
+                f"{available} global batches: validating on {available}"
+            )
         self.steps = available if steps == -1 else min(steps, available)
         self.local_batch_size = local_batch_size
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for step in range(self.steps):
             first = step * self.local_batch_size
-            rows = [self._window(self.split.position(first + j)) for j in range(self.local_batch_size)]
+            rows = [
+                self._window(self.split.position(first + j)) for j in range(self.local_batch_size)
+            ]
             t = torch.from_numpy(np.stack(rows).astype(np.int64))
             yield t[:, :-1], t[:, 1:]
 
 
 class Validator:
-    def __init__(self, cfg: Validation, data: ValidationData, model: nn.Module, loss_fn: Callable,
-                 device: torch.device, loss_parallel: bool, amp: contextlib.AbstractContextManager,
-                 global_mean: Callable[[torch.Tensor], float]):
+    def __init__(
+        self,
+        cfg: Validation,
+        data: ValidationData,
+        model: nn.Module,
+        loss_fn: Callable,
+        device: torch.device,
+        loss_parallel: bool,
+        amp: contextlib.AbstractContextManager,
+        global_mean: Callable[[torch.Tensor], float],
+    ):
         self.cfg, self.data, self.model, self.loss_fn = cfg, data, model, loss_fn
         self.device, self.loss_parallel, self.amp = device, loss_parallel, amp
         self.global_mean = global_mean

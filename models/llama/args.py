@@ -41,8 +41,10 @@ class LlamaArgs:
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-able data (what a checkpoint's manifest records)."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in fields(self)}
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in fields(self)
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> LlamaArgs:
@@ -75,16 +77,31 @@ class LlamaArgs:
 FLAVORS: dict[str, LlamaArgs] = {
     "debugmodel": LlamaArgs(dim=256, n_layers=6, n_heads=16, rope_theta=500000),
     "8B": LlamaArgs(
-        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.3,
-        multiple_of=1024, rope_theta=500000,
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim_multiplier=1.3,
+        multiple_of=1024,
+        rope_theta=500000,
     ),
     "70B": LlamaArgs(
-        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3,
-        multiple_of=4096, rope_theta=500000,
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_dim_multiplier=1.3,
+        multiple_of=4096,
+        rope_theta=500000,
     ),
     "405B": LlamaArgs(
-        dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_dim_multiplier=1.2,
-        multiple_of=4096, rope_theta=500000,
+        dim=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        ffn_dim_multiplier=1.2,
+        multiple_of=4096,
+        rope_theta=500000,
     ),
 }
 

@@ -117,8 +117,14 @@ def state_dict_shapes(args: LlamaArgs) -> dict[str, tuple[int, ...]]:
 # config
 
 
-def hf_config(args: LlamaArgs, *, dtype: torch.dtype, max_position_embeddings: int | None = None,
-              bos_token_id: int | None = None, eos_token_id: int | None = None) -> dict[str, Any]:
+def hf_config(
+    args: LlamaArgs,
+    *,
+    dtype: torch.dtype,
+    max_position_embeddings: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> dict[str, Any]:
     """The config.json of `LlamaForCausalLM` for `args`. RoPE is written both ways: `rope_theta`
     + `rope_scaling` (transformers 4.x, the published Llama 3.1 files) and `rope_parameters`
     (transformers 5). `max_position_embeddings` defaults to args.max_seq_len (for a trained
@@ -128,13 +134,21 @@ def hf_config(args: LlamaArgs, *, dtype: torch.dtype, max_position_embeddings: i
     rope_scaling = None
     if args.rope_scaling is not None:
         factor, low, high, ctx = args.rope_scaling
-        rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                        "high_freq_factor": high, "original_max_position_embeddings": ctx}
+        rope_scaling = {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": high,
+            "original_max_position_embeddings": ctx,
+        }
     if max_position_embeddings is None:
         max_position_embeddings = max(args.max_seq_len, LLAMA31_CONTEXT if args.rope_scaling else 0)
     theta = float(args.rope_theta)
-    rope_parameters = {"rope_type": "default", "rope_theta": theta} if rope_scaling is None \
+    rope_parameters = (
+        {"rope_type": "default", "rope_theta": theta}
+        if rope_scaling is None
         else {**rope_scaling, "rope_theta": theta}
+    )
     cfg: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -198,12 +212,18 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] |
     if kind == "default":
         return float(theta), None
     if kind != "llama3":
-        raise HFConfigError(f"config.json: {where}.rope_type = {kind!r}: titanlite's Llama supports "
-                            "the default RoPE and Llama 3.1's 'llama3' scaling only")
+        raise HFConfigError(
+            f"config.json: {where}.rope_type = {kind!r}: titanlite's Llama supports "
+            "the default RoPE and Llama 3.1's 'llama3' scaling only"
+        )
     try:
         ctx = scaling.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
-        return float(theta), (float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                              float(scaling["high_freq_factor"]), int(ctx))
+        return float(theta), (
+            float(scaling["factor"]),
+            float(scaling["low_freq_factor"]),
+            float(scaling["high_freq_factor"]),
+            int(ctx),
+        )
     except (KeyError, TypeError) as e:
         raise HFConfigError(f"config.json: {where} (llama3) lacks {e}") from None
 
@@ -215,9 +235,14 @@ def _ffn_args(dim: int, hidden: int) -> tuple[int, float | None]:
     base = int(2 * (4 * dim) / 3)
     candidates.append((hidden, None if base <= hidden else hidden / base))
     for multiple_of, mult in candidates:
-        if LlamaArgs(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=mult).ffn_hidden_dim == hidden:
+        if (
+            LlamaArgs(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=mult).ffn_hidden_dim
+            == hidden
+        ):
             return multiple_of, mult
-    raise HFConfigError(f"config.json: intermediate_size = {hidden} cannot be expressed")  # unreachable
+    raise HFConfigError(
+        f"config.json: intermediate_size = {hidden} cannot be expressed"
+    )  # unreachable
 
 
 def args_from_hf_config(cfg: dict[str, Any]) -> LlamaArgs:
@@ -226,27 +251,36 @@ def args_from_hf_config(cfg: dict[str, Any]) -> LlamaArgs:
     _require(cfg, "model_type", {"llama"}, "'llama'")
     archs = cfg.get("architectures") or ["LlamaForCausalLM"]
     if "LlamaForCausalLM" not in archs:
-        raise HFConfigError(f"config.json: architectures = {archs}: titanlite's Llama needs "
-                            "LlamaForCausalLM")
+        raise HFConfigError(
+            f"config.json: architectures = {archs}: titanlite's Llama needs LlamaForCausalLM"
+        )
     _require(cfg, "hidden_act", {"silu"}, "'silu'", "silu")
     _require(cfg, "attention_bias", {False}, "false", False)
     _require(cfg, "mlp_bias", {False}, "false", False)
     dim, n_heads = int(_field(cfg, "hidden_size")), int(_field(cfg, "num_attention_heads"))
     if dim % n_heads:
-        raise HFConfigError(f"config.json: hidden_size = {dim} is not divisible by "
-                            f"num_attention_heads = {n_heads}")
+        raise HFConfigError(
+            f"config.json: hidden_size = {dim} is not divisible by num_attention_heads = {n_heads}"
+        )
     head_dim = _field(cfg, "head_dim", dim // n_heads)
     if head_dim != dim // n_heads:
-        raise HFConfigError(f"config.json: head_dim = {head_dim}: titanlite's Llama needs "
-                            f"hidden_size / num_attention_heads = {dim // n_heads}")
+        raise HFConfigError(
+            f"config.json: head_dim = {head_dim}: titanlite's Llama needs "
+            f"hidden_size / num_attention_heads = {dim // n_heads}"
+        )
     theta, scaling = _rope(cfg)
     multiple_of, mult = _ffn_args(dim, int(_field(cfg, "intermediate_size")))
     args = LlamaArgs(
-        dim=dim, n_layers=int(_field(cfg, "num_hidden_layers")), n_heads=n_heads,
+        dim=dim,
+        n_layers=int(_field(cfg, "num_hidden_layers")),
+        n_heads=n_heads,
         n_kv_heads=int(_field(cfg, "num_key_value_heads", n_heads)),
-        vocab_size=int(_field(cfg, "vocab_size")), multiple_of=multiple_of,
-        ffn_dim_multiplier=mult, norm_eps=float(_field(cfg, "rms_norm_eps", 1e-6)),
-        rope_theta=theta, rope_scaling=scaling,
+        vocab_size=int(_field(cfg, "vocab_size")),
+        multiple_of=multiple_of,
+        ffn_dim_multiplier=mult,
+        norm_eps=float(_field(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
         max_seq_len=int(_field(cfg, "max_position_embeddings", 2048)),
     )
     try:

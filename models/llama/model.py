@@ -18,7 +18,9 @@ from models.initialization import fill_trunc_normal_
 from models.llama.args import LlamaArgs
 
 
-def rope_frequencies(args: LlamaArgs, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+def rope_frequencies(
+    args: LlamaArgs, seq_len: int, device: torch.device | None = None
+) -> torch.Tensor:
     """Complex rotations e^{i·t·θ_k} for positions t < seq_len, shape (seq_len, head_dim/2)."""
     dim = args.head_dim
     freqs = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, device=device).float() / dim))
@@ -29,7 +31,9 @@ def rope_frequencies(args: LlamaArgs, seq_len: int, device: torch.device | None 
     return torch.polar(torch.ones_like(angles), angles)
 
 
-def _llama31_scale(freqs: torch.Tensor, factor: float, low: float, high: float, ctx: int) -> torch.Tensor:
+def _llama31_scale(
+    freqs: torch.Tensor, factor: float, low: float, high: float, ctx: int
+) -> torch.Tensor:
     # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
     wavelen = 2 * math.pi / freqs
     low_wavelen, high_wavelen = ctx / low, ctx / high
@@ -40,10 +44,13 @@ def _llama31_scale(freqs: torch.Tensor, factor: float, low: float, high: float, 
     return torch.where(is_mid, mid, out)
 
 
-def apply_rope(xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(
+    xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate (batch, seq, heads, head_dim) queries and keys by position; `freqs` may cover
     more positions than seq (the model passes its whole table: under sequence parallel the
     block input is sharded on seq, so only the attention knows the full length)."""
+
     def rotate(x: torch.Tensor) -> torch.Tensor:
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
         out = torch.view_as_real(xc * freqs[None, : x.shape[1], None, :]).flatten(3)
@@ -82,7 +89,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, k, freqs)
         # (batch, heads, seq, head_dim); SDPA repeats the shared key/value heads for GQA.
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
+        )
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:
@@ -136,11 +145,15 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         # A dict keyed by the layer number keeps checkpoint keys stable if layers are dropped
         # or moved (as pipeline stages do).
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+        )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Not persistent: derived from args, so checkpoints need not carry it.
-        self.register_buffer("freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False)
+        self.register_buffer(
+            "freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)

@@ -15,9 +15,20 @@ from helpers import DEBUG_CONFIG, ROOT, check, clean_env, free_port, read_jsonl,
 
 from titanlite.checkpoint_storage import complete_steps, load_full_state_dict
 
-COMMON = ["--config", str(DEBUG_CONFIG), "--training.seq_len", "64", "--metrics.log_freq", "1",
-          "--metrics.enable_tensorboard", "false", "--training.mixed_precision_param", "float32",
-          "--training.deterministic", "--checkpoint.enable_checkpoint"]
+COMMON = [
+    "--config",
+    str(DEBUG_CONFIG),
+    "--training.seq_len",
+    "64",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--training.mixed_precision_param",
+    "float32",
+    "--training.deterministic",
+    "--checkpoint.enable_checkpoint",
+]
 FSDP2_TP2 = ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"]
 LAYOUTS = {
     "one": (1, ["--training.local_batch_size", "8"]),
@@ -28,7 +39,9 @@ LAYOUTS = {
 
 
 def train(folder, nproc: int, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    proc = torchrun(nproc, ["-m", "titanlite.train"], [*COMMON, "--job.dump_folder", str(folder), *args])
+    proc = torchrun(
+        nproc, ["-m", "titanlite.train"], [*COMMON, "--job.dump_folder", str(folder), *args]
+    )
     return check(proc) if expect_ok else proc
 
 
@@ -37,7 +50,9 @@ def losses(folder) -> dict[int, float]:
 
 
 def copy_step(src_folder, step: int, dst_folder) -> None:
-    shutil.copytree(src_folder / "checkpoint" / f"step-{step}", dst_folder / "checkpoint" / f"step-{step}")
+    shutil.copytree(
+        src_folder / "checkpoint" / f"step-{step}", dst_folder / "checkpoint" / f"step-{step}"
+    )
 
 
 @pytest.mark.slow
@@ -90,8 +105,19 @@ def test_reshard_1_process_checkpoint_onto_2x2(tmp_path):
 def test_async_save_equals_sync_save_and_retention(tmp_path):
     sync, asyn = tmp_path / "sync", tmp_path / "async"
     for folder, mode in ((sync, "disabled"), (asyn, "async")):
-        train(folder, 2, *LAYOUTS["fsdp2"][1], "--training.steps", "8", "--checkpoint.interval", "2",
-              "--checkpoint.async_mode", mode, "--checkpoint.keep_latest_k", "2")
+        train(
+            folder,
+            2,
+            *LAYOUTS["fsdp2"][1],
+            "--training.steps",
+            "8",
+            "--checkpoint.interval",
+            "2",
+            "--checkpoint.async_mode",
+            mode,
+            "--checkpoint.keep_latest_k",
+            "2",
+        )
     for folder in (sync, asyn):
         deadline = time.time() + 30  # retention deletes in the background
         while complete_steps(folder / "checkpoint") != [6, 8] and time.time() < deadline:
@@ -135,19 +161,45 @@ def _kill_run(proc: subprocess.Popen, folder) -> None:
 def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
     # A bigger model so that a save takes long enough to be killed in the middle of it.
     big = ["--model.dim", "512", "--model.n_layers", "8", "--model.n_heads", "8"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={free_port()}", "-m", "titanlite.train", *COMMON, *big,
-           *LAYOUTS["fsdp2"][1], "--training.steps", "200", "--checkpoint.interval", "2",
-           "--checkpoint.async_mode", "async", "--job.dump_folder", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        "-m",
+        "titanlite.train",
+        *COMMON,
+        *big,
+        *LAYOUTS["fsdp2"][1],
+        "--training.steps",
+        "200",
+        "--checkpoint.interval",
+        "2",
+        "--checkpoint.async_mode",
+        "async",
+        "--job.dump_folder",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     ckpt = tmp_path / "checkpoint"
     killed_during_save = False
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
             partial = [p for p in ckpt.glob(".step-*.partial")] if ckpt.exists() else []
-            if complete_steps(ckpt) and partial and any((p / "__0_0.distcp").exists() for p in partial):
+            if (
+                complete_steps(ckpt)
+                and partial
+                and any((p / "__0_0.distcp").exists() for p in partial)
+            ):
                 _kill_run(proc, tmp_path)
                 killed_during_save = True
                 break
@@ -157,8 +209,16 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
     assert killed_during_save, "never caught a save in progress"
     survivors = complete_steps(ckpt)
     assert list(ckpt.glob(".step-*.partial")), "the interrupted save left no partial folder"
-    resumed = train(tmp_path, 2, *big, *LAYOUTS["fsdp2"][1], "--training.steps", str(survivors[-1] + 1),
-                    "--checkpoint.interval", "100")
+    resumed = train(
+        tmp_path,
+        2,
+        *big,
+        *LAYOUTS["fsdp2"][1],
+        "--training.steps",
+        str(survivors[-1] + 1),
+        "--checkpoint.interval",
+        "100",
+    )
     assert f"resuming at step {survivors[-1]}" in resumed.stderr
 
 
@@ -178,7 +238,9 @@ def _resume_error(src, tmp_path, *extra: str) -> str:
 
 
 @pytest.mark.slow
-def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(small_checkpoint, tmp_path):
+def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(
+    small_checkpoint, tmp_path
+):
     for damage in ("corrupt", "truncate"):
         folder = tmp_path / damage
         copy_step(small_checkpoint, 2, folder)
@@ -191,13 +253,20 @@ def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(small_c
         data.write_bytes(bytes(raw))
         error = _resume_error(small_checkpoint, folder)
         assert str(data) in error and ("corrupted" if damage == "corrupt" else "truncated") in error
-        check_cli = subprocess.run([sys.executable, "-m", "titanlite.checkpoint", "verify",
-                                    str(data.parent)], cwd=ROOT, capture_output=True, text=True)
+        check_cli = subprocess.run(
+            [sys.executable, "-m", "titanlite.checkpoint", "verify", str(data.parent)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert check_cli.returncode == 1 and str(data) in check_cli.stdout
     folder = tmp_path / "shapes"
     copy_step(small_checkpoint, 2, folder)
     error = _resume_error(small_checkpoint, folder, "--model.n_layers", "2", "--model.dim", "128")
-    assert "model key 'tok_embeddings.weight' has shape (512, 256), the model (as configured) has (512, 128)" in error
+    assert (
+        "model key 'tok_embeddings.weight' has shape (512, 256), the model (as configured) has (512, 128)"
+        in error
+    )
 
 
 @pytest.mark.slow
@@ -213,9 +282,20 @@ def test_newer_checkpoint_of_another_run_is_never_overwritten(small_checkpoint, 
 @pytest.mark.slow
 def test_seed_checkpoint_gives_the_same_start_on_every_layout(tmp_path):
     seed = tmp_path / "seed"
-    check(torchrun(1, ["-m", "titanlite.train"], [*COMMON, "--job.dump_folder", str(seed),
-                                                  "--checkpoint.create_seed_checkpoint",
-                                                  "--training.seed", "1234"]))
+    check(
+        torchrun(
+            1,
+            ["-m", "titanlite.train"],
+            [
+                *COMMON,
+                "--job.dump_folder",
+                str(seed),
+                "--checkpoint.create_seed_checkpoint",
+                "--training.seed",
+                "1234",
+            ],
+        )
+    )
     assert complete_steps(seed / "checkpoint") == [0]
     first = {}
     for name in ("one", "fsdp2_tp2"):
@@ -232,16 +312,33 @@ def test_seed_checkpoint_gives_the_same_start_on_every_layout(tmp_path):
 
 @pytest.mark.slow
 def test_weights_only_export_and_conversion_round_trip(tmp_path):
-    train(tmp_path, 2, *LAYOUTS["fsdp2"][1], "--training.steps", "2", "--checkpoint.interval", "100",
-          "--checkpoint.last_save_model_weights_only", "--checkpoint.export_dtype", "bfloat16")
+    train(
+        tmp_path,
+        2,
+        *LAYOUTS["fsdp2"][1],
+        "--training.steps",
+        "2",
+        "--checkpoint.interval",
+        "100",
+        "--checkpoint.last_save_model_weights_only",
+        "--checkpoint.export_dtype",
+        "bfloat16",
+    )
     step = tmp_path / "checkpoint" / "step-2"
     exported = load_full_state_dict(step)
     assert set(exported) == {"model"}
     assert all(t.dtype == torch.bfloat16 for t in exported["model"].values())
     out_pt, back = tmp_path / "model.pt", tmp_path / "back" / "step-0"
-    for args in (["dcp-to-torch", str(step), str(out_pt)], ["torch-to-dcp", str(out_pt), str(back)]):
-        subprocess.run([sys.executable, "scripts/convert_checkpoint.py", *args], cwd=ROOT,
-                       check=True, capture_output=True)
+    for args in (
+        ["dcp-to-torch", str(step), str(out_pt)],
+        ["torch-to-dcp", str(out_pt), str(back)],
+    ):
+        subprocess.run(
+            [sys.executable, "scripts/convert_checkpoint.py", *args],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     single = torch.load(out_pt, weights_only=True)
     _assert_same(single, exported["model"])
     _assert_same(load_full_state_dict(back)["model"], exported["model"])

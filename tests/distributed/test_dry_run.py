@@ -10,15 +10,24 @@ from titanlite import config, plan
 
 
 def _dry(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "run_train.sh", "--dry-run", *argv], cwd=ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["bash", "run_train.sh", "--dry-run", *argv],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("preset, world, mesh", [
-    ("llama_8b.toml", 64, "dp_shard=64"),
-    ("llama_70b.toml", 256, "dp_shard=32 x tp=8"),
-    ("llama_405b.toml", 128, "dp_shard=16 x tp=8"),
-])
+@pytest.mark.parametrize(
+    "preset, world, mesh",
+    [
+        ("llama_8b.toml", 64, "dp_shard=64"),
+        ("llama_70b.toml", 256, "dp_shard=32 x tp=8"),
+        ("llama_405b.toml", 128, "dp_shard=16 x tp=8"),
+    ],
+)
 def test_presets_plan_quickly(preset, world, mesh):
     proc = _dry("--config", preset, "--dry-run.world_size", str(world))
     assert proc.returncode == 0, proc.stderr
@@ -31,14 +40,27 @@ def test_presets_plan_quickly(preset, world, mesh):
 def test_float8_plan_builds_the_nccl_only_paths():
     # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
     # cluster builds them on meta tensors, which is as far as a CPU machine can take them.
-    proc = _dry("--config", "llama_8b.toml", "--dry-run.world_size", "64",
-                "--parallelism.tensor_parallel_degree", "8", "--model.converters", "float8",
-                "--float8.enable_fsdp_float8_all_gather", "true",
-                "--float8.precompute_float8_dynamic_scale_for_fsdp", "true")
+    proc = _dry(
+        "--config",
+        "llama_8b.toml",
+        "--dry-run.world_size",
+        "64",
+        "--parallelism.tensor_parallel_degree",
+        "8",
+        "--model.converters",
+        "float8",
+        "--float8.enable_fsdp_float8_all_gather",
+        "true",
+        "--float8.precompute_float8_dynamic_scale_for_fsdp",
+        "true",
+    )
     assert proc.returncode == 0, proc.stderr
-    for line in ("float8: converting 224 of 225 Linear layers",
-                 "FSDP all-gathers weights in float8, scales precomputed after each step",
-                 "TP all-gathers activations in float8", "FITS"):
+    for line in (
+        "float8: converting 224 of 225 Linear layers",
+        "FSDP all-gathers weights in float8, scales precomputed after each step",
+        "TP all-gathers activations in float8",
+        "FITS",
+    ):
         assert line in proc.stdout
 
 
@@ -47,19 +69,32 @@ def test_impossible_layout_is_the_same_one_line_error_as_a_real_launch():
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "titanlite: error: world size 100 is not divisible by data_parallel_replicate_degree (1) "
-        "x tensor_parallel_degree (8); change the degrees or the number of processes (NGPU)")
+        "x tensor_parallel_degree (8); change the degrees or the number of processes (NGPU)"
+    )
     bad = ["--config", str(DEBUG_CONFIG), "--parallelism.tensor_parallel_degree", "3"]
     dry = _dry(*bad, "--dry-run.world_size", "6")
-    real = subprocess.run(["bash", "run_train.sh", *bad], cwd=ROOT, env=clean_env(NGPU="6"),
-                          capture_output=True, text=True, timeout=300)
+    real = subprocess.run(
+        ["bash", "run_train.sh", *bad],
+        cwd=ROOT,
+        env=clean_env(NGPU="6"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert dry.returncode == real.returncode == 2
     assert dry.stderr.strip() == real.stderr.strip().splitlines()[-1]
     assert "n_heads = 16 is not divisible by parallelism.tensor_parallel_degree = 3" in dry.stderr
 
 
 def test_does_not_fit_verdict():
-    proc = _dry("--config", "llama_70b.toml", "--dry-run.world_size", "8",
-                "--parallelism.tensor_parallel_degree", "1")
+    proc = _dry(
+        "--config",
+        "llama_70b.toml",
+        "--dry-run.world_size",
+        "8",
+        "--parallelism.tensor_parallel_degree",
+        "1",
+    )
     assert proc.returncode == 0 and "DOES NOT FIT" in proc.stdout and "biggest item" in proc.stdout
 
 
@@ -72,15 +107,29 @@ def test_fsdp_bytes_shrink_as_one_over_dp():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, extra", [
-    (1, ["--training.local_batch_size", "8"]),
-    (2, ["--training.local_batch_size", "4"]),
-    (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
-])
+@pytest.mark.parametrize(
+    "nproc, extra",
+    [
+        (1, ["--training.local_batch_size", "8"]),
+        (2, ["--training.local_batch_size", "4"]),
+        (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
+    ],
+)
 def test_state_bytes_equal_a_real_gloo_run(tmp_path, nproc, extra):
-    args = ["--config", str(DEBUG_CONFIG), "--training.seq_len", "64", "--metrics.enable_tensorboard",
-            "false", "--job.dump_folder", str(tmp_path), *extra]
-    check(torchrun(nproc, ["tests/distributed/state_bytes_worker.py", str(tmp_path / "sizes")], args))
+    args = [
+        "--config",
+        str(DEBUG_CONFIG),
+        "--training.seq_len",
+        "64",
+        "--metrics.enable_tensorboard",
+        "false",
+        "--job.dump_folder",
+        str(tmp_path),
+        *extra,
+    ]
+    check(
+        torchrun(nproc, ["tests/distributed/state_bytes_worker.py", str(tmp_path / "sizes")], args)
+    )
     job = config.load(args)
     for rank in range(nproc):
         real = json.loads((tmp_path / f"sizes.rank{rank}.json").read_text())

@@ -13,17 +13,38 @@ pytest.importorskip("torchao")
 # comparison runs in bf16 (scripts/bench_gpu.sh). The debug model keeps 2 of its 6 blocks:
 # on CPU each float8 cast of a DTensor is a handful of eagerly dispatched ops, ~0.5 s per block
 # per step on 4 gloo ranks sharing 2 cores, and 30 steps of two runs must stay cheap.
-COMMON = ["--config", str(DEBUG_CONFIG), "--model.n_layers", "2",
-          "--training.seq_len", "64", "--metrics.log_freq", "1",
-          "--metrics.enable_tensorboard", "false", "--training.mixed_precision_param", "float32",
-          "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
-          "--training.steps", "30", "--checkpoint.enable_checkpoint", "--checkpoint.interval", "15"]
+COMMON = [
+    "--config",
+    str(DEBUG_CONFIG),
+    "--model.n_layers",
+    "2",
+    "--training.seq_len",
+    "64",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--training.mixed_precision_param",
+    "float32",
+    "--training.local_batch_size",
+    "4",
+    "--parallelism.tensor_parallel_degree",
+    "2",
+    "--training.steps",
+    "30",
+    "--checkpoint.enable_checkpoint",
+    "--checkpoint.interval",
+    "15",
+]
 FLOAT8 = ["--model.converters", "float8", "--float8.emulate", "true"]
 
 
 def train(folder, nproc: int, *args: str):
-    return check(torchrun(nproc, ["-m", "titanlite.train"],
-                          [*COMMON, "--job.dump_folder", str(folder), *args]))
+    return check(
+        torchrun(
+            nproc, ["-m", "titanlite.train"], [*COMMON, "--job.dump_folder", str(folder), *args]
+        )
+    )
 
 
 def losses(folder) -> dict[int, float]:
@@ -47,23 +68,37 @@ def test_float8_fsdp2_tp2_tracks_high_precision(runs):
     want, got = losses(high), losses(low)
     assert sorted(got) == sorted(want) == list(range(1, 31))
     worst = max(abs(got[s] - want[s]) / want[s] for s in got)
-    print(f"float8 vs high precision over 30 steps: worst relative loss difference {worst:.3%}, "
-          f"loss {got[1]:.4f} -> {got[30]:.4f}")
+    print(
+        f"float8 vs high precision over 30 steps: worst relative loss difference {worst:.3%}, "
+        f"loss {got[1]:.4f} -> {got[30]:.4f}"
+    )
     assert worst < 0.05, worst
     assert any(got[s] != want[s] for s in got)  # float8 rounding did happen
     assert got[30] < 0.85 * got[1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source,resume_args", [("float8", []), ("high", FLOAT8)],
-                         ids=["float8_to_high", "high_to_float8"])
+@pytest.mark.parametrize(
+    "source,resume_args",
+    [("float8", []), ("high", FLOAT8)],
+    ids=["float8_to_high", "high_to_float8"],
+)
 def test_checkpoints_move_between_float8_and_high_precision(runs, tmp_path, source, resume_args):
     high, low, _ = runs
     src = low if source == "float8" else high
     shutil.copytree(src / "checkpoint" / "step-15", tmp_path / "checkpoint" / "step-15")
     # One process: the checkpoint also changes layout (FSDP 2 x TP 2 -> 1), which is cheaper here.
-    proc = train(tmp_path, 1, *resume_args, "--training.steps", "17",
-                 "--parallelism.tensor_parallel_degree", "1", "--training.local_batch_size", "16")
+    proc = train(
+        tmp_path,
+        1,
+        *resume_args,
+        "--training.steps",
+        "17",
+        "--parallelism.tensor_parallel_degree",
+        "1",
+        "--training.local_batch_size",
+        "16",
+    )
     assert "resuming at step 15" in proc.stderr
     got, want = losses(tmp_path), losses(src)
     assert sorted(got) == [16, 17]

@@ -18,18 +18,37 @@ from titanlite.train import cross_entropy_loss
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-LAYOUTS = {"one": (1, ["--training.local_batch_size", "8"]),
-           "fsdp2_tp2": (4, ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"])}
+LAYOUTS = {
+    "one": (1, ["--training.local_batch_size", "8"]),
+    "fsdp2_tp2": (
+        4,
+        ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"],
+    ),
+}
 # lr 0: the saved weights are the loaded ones exactly, whatever the layout's arithmetic.
-CONTINUE = ["--model.n_kv_heads", "4", "--optimizer.lr", "0", "--training.steps", "1",
-            "--checkpoint.last_save_model_weights_only"]
+CONTINUE = [
+    "--model.n_kv_heads",
+    "4",
+    "--optimizer.lr",
+    "0",
+    "--training.steps",
+    "1",
+    "--checkpoint.last_save_model_weights_only",
+]
 
 
 def first_batch_loss(step, hf_folder) -> tuple[float, float]:
     """(titanlite's, transformers') loss on the first batch the trainer reads, 1 process."""
     _, pre = preflight.run([*COMMON, *LAYOUTS["one"][1], *CONTINUE], 1)
-    loader = build_dataloader(pre.dataset, Tokenizer(pre.tokenizer_path), seq_len=64,
-                              local_batch_size=8, dp_rank=0, dp_size=1, seed=0)
+    loader = build_dataloader(
+        pre.dataset,
+        Tokenizer(pre.tokenizer_path),
+        seq_len=64,
+        local_batch_size=8,
+        dp_rank=0,
+        dp_size=1,
+        seed=0,
+    )
     inputs, labels = next(iter(loader))
     from models.llama import Transformer
 
@@ -37,8 +56,10 @@ def first_batch_loss(step, hf_folder) -> tuple[float, float]:
     model.load_state_dict(load_full_state_dict(step)["model"])
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
     with torch.no_grad():
-        return (cross_entropy_loss(model(inputs), labels).item(),
-                cross_entropy_loss(hf_model(inputs).logits, labels).item())
+        return (
+            cross_entropy_loss(model(inputs), labels).item(),
+            cross_entropy_loss(hf_model(inputs).logits, labels).item(),
+        )
 
 
 @pytest.mark.slow
@@ -51,7 +72,9 @@ def test_imported_checkpoint_continues_training_and_every_layout_exports_the_sam
         run = tmp_path / name
         proc = train(run, nproc, *args, *CONTINUE, "--checkpoint.initial_load_path", str(imported))
         assert "loaded model from" in proc.stderr
-        assert "other hyper-parameters" not in proc.stderr  # the configured model is the imported one
+        assert (
+            "other hyper-parameters" not in proc.stderr
+        )  # the configured model is the imported one
         first[name] = losses(run)[1]
         step = run / "checkpoint" / "step-1"
         assert read_manifest(step)["world_size"] == nproc

@@ -13,8 +13,10 @@ ARGS = FLAVORS["debugmodel"].with_overrides(vocab_size=512, n_layers=2, max_seq_
 def _full_weights(model) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-            for n, p in model.named_parameters()}
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _sharded_model(world: int, tp: int):

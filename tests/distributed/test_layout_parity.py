@@ -7,40 +7,103 @@ import torch
 from helpers import DEBUG_CONFIG, check, torchrun
 
 STEPS = 5
-COMMON = ["--config", str(DEBUG_CONFIG), "--training.steps", str(STEPS), "--training.seq_len", "64",
-          "--metrics.enable_tensorboard", "false", "--metrics.log_freq", "1",
-          "--training.mixed_precision_param", "float32", "--training.deterministic"]
+COMMON = [
+    "--config",
+    str(DEBUG_CONFIG),
+    "--training.steps",
+    str(STEPS),
+    "--training.seq_len",
+    "64",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--metrics.log_freq",
+    "1",
+    "--training.mixed_precision_param",
+    "float32",
+    "--training.deterministic",
+]
 
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
 LAYOUTS = {
     "fsdp2": (2, ["--training.local_batch_size", "4"]),
     "fsdp4": (4, ["--training.local_batch_size", "2"]),
-    "ddp2": (2, ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2"]),
+    "ddp2": (
+        2,
+        ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2"],
+    ),
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
     "tp4": (4, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "4"]),
-    "tp2_no_loss_parallel": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2",
-                                 "--parallelism.disable_loss_parallel"]),
+    "tp2_no_loss_parallel": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.disable_loss_parallel",
+        ],
+    ),
     # Plain FSDP 2 x TP 2 is not listed: both AC variants below run it, and the checkpoint,
     # float8, validation and HF tests each compare an FSDP 2 x TP 2 run with one process too.
-    "hsdp2x2": (4, ["--training.local_batch_size", "2", "--parallelism.data_parallel_replicate_degree", "2"]),
-    "fsdp2_tp2_ac_full": (4, ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
-                              "--activation_checkpoint.mode", "full"]),
-    "fsdp2_tp2_ac_op": (4, ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
-                            "--activation_checkpoint.mode", "selective",
-                            "--activation_checkpoint.selective_ac_option", "op"]),
+    "hsdp2x2": (
+        4,
+        ["--training.local_batch_size", "2", "--parallelism.data_parallel_replicate_degree", "2"],
+    ),
+    "fsdp2_tp2_ac_full": (
+        4,
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--activation_checkpoint.mode",
+            "full",
+        ],
+    ),
+    "fsdp2_tp2_ac_op": (
+        4,
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--activation_checkpoint.mode",
+            "selective",
+            "--activation_checkpoint.selective_ac_option",
+            "op",
+        ],
+    ),
     "fsdp2_compile": (2, ["--training.local_batch_size", "4", "--training.compile"]),
     # Gradient accumulation: 2 micro-batches of 2 per rank on 2 ranks = the same 8 sequences.
     "fsdp2_accum2": (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "8"]),
-    "fsdp2_accum2_sync_once": (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "8",
-                                   "--parallelism.fsdp_sync_grads_each_microbatch", "false"]),
-    "one_proc_accum2": (1, ["--training.local_batch_size", "4", "--training.global_batch_size", "8"]),
+    "fsdp2_accum2_sync_once": (
+        2,
+        [
+            "--training.local_batch_size",
+            "2",
+            "--training.global_batch_size",
+            "8",
+            "--parallelism.fsdp_sync_grads_each_microbatch",
+            "false",
+        ],
+    ),
+    "one_proc_accum2": (
+        1,
+        ["--training.local_batch_size", "4", "--training.global_batch_size", "8"],
+    ),
 }
 
 
 def _train(tmp_path, name: str, nproc: int, overrides: list[str]) -> dict:
     out = tmp_path / f"{name}.pt"
-    check(torchrun(nproc, ["tests/distributed/train_worker.py", str(out)],
-                   [*COMMON, "--job.dump_folder", str(tmp_path / name), *overrides], timeout=900))
+    check(
+        torchrun(
+            nproc,
+            ["tests/distributed/train_worker.py", str(out)],
+            [*COMMON, "--job.dump_folder", str(tmp_path / name), *overrides],
+            timeout=900,
+        )
+    )
     return torch.load(out, weights_only=True)
 
 
@@ -52,7 +115,9 @@ TP_COMPILE_RTOL = 5e-3
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("baseline"), "one", 1, ["--training.local_batch_size", "8"])
+    return _train(
+        tmp_path_factory.mktemp("baseline"), "one", 1, ["--training.local_batch_size", "8"]
+    )
 
 
 @pytest.mark.slow
@@ -72,9 +137,18 @@ def test_layout_matches_single_process(baseline, tmp_path, name):
 
 @pytest.mark.slow
 def test_fsdp2_tp2_with_compile_trains_the_same_model(baseline, tmp_path):
-    result = _train(tmp_path, "fsdp2_tp2_compile", 4, [
-        "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
-        "--training.compile"])
+    result = _train(
+        tmp_path,
+        "fsdp2_tp2_compile",
+        4,
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--training.compile",
+        ],
+    )
     assert result["losses"][0] == pytest.approx(baseline["losses"][0], rel=1e-6)
     for step, (ref, got) in enumerate(zip(baseline["losses"], result["losses"]), 1):
         assert abs(got - ref) <= TP_COMPILE_RTOL * abs(ref), f"step {step}: loss {got} vs {ref}"

@@ -19,15 +19,28 @@ STEPS, ARGS, losses = SHORT_RUN_STEPS, SHORT_RUN, losses_by_step
 
 
 def torchrun_cmd(folder, *extra: str, max_restarts: int = 0) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-            f"--master_port={free_port()}", f"--max-restarts={max_restarts}", "-m",
-            "titanlite.train", *ARGS, "--job.dump_folder", str(folder), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        f"--master_port={free_port()}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "titanlite.train",
+        *ARGS,
+        "--job.dump_folder",
+        str(folder),
+        *extra,
+    ]
 
 
 def workers(folder) -> dict[int, int]:
     """{local rank: pid} of the titanlite.train processes writing to `folder`."""
-    out = subprocess.run(["pgrep", "-f", f"titanlite.train.*{folder}"], capture_output=True,
-                         text=True).stdout.split()
+    out = subprocess.run(
+        ["pgrep", "-f", f"titanlite.train.*{folder}"], capture_output=True, text=True
+    ).stdout.split()
     found = {}
     for pid in map(int, out):
         try:
@@ -49,12 +62,19 @@ def wait_for_step(folder, step: int, proc: subprocess.Popen, timeout: float = 12
 
 
 @pytest.mark.slow
-def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(two_rank_reference, tmp_path):
+def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(
+    two_rank_reference, tmp_path
+):
     # Async saves every 2 steps, and the signal is sent while one is in flight: the stop must
     # finish it (partial dir + rename) and leave only loadable checkpoints.
     proc = subprocess.Popen(
         torchrun_cmd(tmp_path, "--checkpoint.interval", "2", "--checkpoint.async_mode", "async"),
-        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_step(tmp_path, 2, proc)
         deadline = time.time() + 60
@@ -79,9 +99,18 @@ def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(two_
         assert verify(tmp_path / "checkpoint" / f"step-{s}") == []
     assert max(losses(tmp_path)) == step
 
-    resumed = check(subprocess.run(
-        torchrun_cmd(tmp_path, "--checkpoint.interval", "2", "--checkpoint.async_mode", "async"),
-        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300))
+    resumed = check(
+        subprocess.run(
+            torchrun_cmd(
+                tmp_path, "--checkpoint.interval", "2", "--checkpoint.async_mode", "async"
+            ),
+            cwd=ROOT,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    )
     assert f"resuming at step {step}" in resumed.stderr
     got = losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
@@ -89,12 +118,27 @@ def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(two_
 
 
 @pytest.mark.slow
-def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(two_rank_reference, tmp_path):
+def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(
+    two_rank_reference, tmp_path
+):
     # Through run_train.sh: MAX_RESTARTS reaches torchrun.
-    cmd = ["bash", str(ROOT / "run_train.sh"), *ARGS, "--checkpoint.interval", "4",
-           "--job.dump_folder", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(NGPU="2", MAX_RESTARTS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [
+        "bash",
+        str(ROOT / "run_train.sh"),
+        *ARGS,
+        "--checkpoint.interval",
+        "4",
+        "--job.dump_folder",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(NGPU="2", MAX_RESTARTS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_step(tmp_path, 4, proc)
         killed_at = time.time()
@@ -118,5 +162,7 @@ def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(two_r
     assert sorted(got) == list(range(1, STEPS + 1))
     # Every step, the re-done ones included, equals the uninterrupted run bit for bit.
     assert all(got[s] == two_rank_reference[s] for s in got), (got, two_rank_reference)
-    print(f"SIGKILL after step-{step} was saved; restarted group done "
-          f"{time.time() - killed_at:.1f}s after the kill")
+    print(
+        f"SIGKILL after step-{step} was saved; restarted group done "
+        f"{time.time() - killed_at:.1f}s after the kill"
+    )

@@ -22,26 +22,64 @@ def shards(tmp_path_factory):
 
 
 def _args(folder, shards, *extra):
-    return ["--config", str(DEBUG_CONFIG), "--job.dump_folder", str(folder),
-            "--training.dataset_path", str(shards), "--training.steps", "4",
-            "--training.seq_len", "64", "--training.mixed_precision_param", "float32",
-            "--training.deterministic", "--metrics.log_freq", "1", "--validation.enabled",
-            "--validation.dataset_path", str(HELD_OUT), "--validation.freq", "2",
-            "--validation.steps", "2", *extra]
+    return [
+        "--config",
+        str(DEBUG_CONFIG),
+        "--job.dump_folder",
+        str(folder),
+        "--training.dataset_path",
+        str(shards),
+        "--training.steps",
+        "4",
+        "--training.seq_len",
+        "64",
+        "--training.mixed_precision_param",
+        "float32",
+        "--training.deterministic",
+        "--metrics.log_freq",
+        "1",
+        "--validation.enabled",
+        "--validation.dataset_path",
+        str(HELD_OUT),
+        "--validation.freq",
+        "2",
+        "--validation.steps",
+        "2",
+        *extra,
+    ]
 
 
 def _one_process(args):
-    return subprocess.run([sys.executable, "-m", "titanlite.train", *args], cwd=ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "titanlite.train", *args],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
 def test_validation_loss_is_the_same_on_one_process_and_fsdp2_tp2(shards, tmp_path):
     one, layout = tmp_path / "one", tmp_path / "fsdp2_tp2"
     check(_one_process(_args(one, shards, "--training.local_batch_size", "8")))
-    check(torchrun(4, ["-m", "titanlite.train"], _args(
-        layout, shards, "--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2",
-        "--metrics.enable_tensorboard", "false")))
+    check(
+        torchrun(
+            4,
+            ["-m", "titanlite.train"],
+            _args(
+                layout,
+                shards,
+                "--training.local_batch_size",
+                "4",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--metrics.enable_tensorboard",
+                "false",
+            ),
+        )
+    )
     val, train = {}, {}
     for name, folder in (("one", one), ("fsdp2_tp2", layout)):
         records = read_jsonl(folder / "metrics.jsonl")
@@ -62,8 +100,9 @@ def test_validation_loss_is_the_same_on_one_process_and_fsdp2_tp2(shards, tmp_pa
     (run,) = (one / "tb").glob("run-*")
     events = EventAccumulator(str(run))
     events.Reload()
-    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("loss/validation")] == \
-        [(s, pytest.approx(v)) for s, v in sorted(val["one"].items())]
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("loss/validation")] == [
+        (s, pytest.approx(v)) for s, v in sorted(val["one"].items())
+    ]
 
 
 @pytest.mark.slow

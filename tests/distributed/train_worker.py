@@ -28,9 +28,14 @@ def main() -> None:
             full = p.full_tensor() if isinstance(p, DTensor) else p
             weights[name.replace("_checkpoint_wrapped_module.", "")] = full.detach().cpu().float()
         if dist.get_rank() == 0:
-            torch.save({"losses": [r["loss"] for r in records],
-                        "grad_norms": [r["grad_norm"] for r in records],
-                        "weights": weights}, out)
+            torch.save(
+                {
+                    "losses": [r["loss"] for r in records],
+                    "grad_norms": [r["grad_norm"] for r in records],
+                    "weights": weights,
+                },
+                out,
+            )
     finally:
         trainer.close()
 

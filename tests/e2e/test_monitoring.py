@@ -10,18 +10,51 @@ import pytest
 from helpers import DEBUG_CONFIG, ROOT, check, clean_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-GROUPS = {"loss/train", "throughput/tps", "throughput/tflops", "memory/peak_gib", "time/step_s",
-          "time/data_loading_pct", "time/checkpoint_blocked_s", "optim/lr", "optim/grad_norm",
-          "goodput/goodput_pct", "goodput/init_s", "goodput/redone_s"}
+GROUPS = {
+    "loss/train",
+    "throughput/tps",
+    "throughput/tflops",
+    "memory/peak_gib",
+    "time/step_s",
+    "time/data_loading_pct",
+    "time/checkpoint_blocked_s",
+    "optim/lr",
+    "optim/grad_norm",
+    "goodput/goodput_pct",
+    "goodput/init_s",
+    "goodput/redone_s",
+}
 
 
 def run(folder, steps: int, *extra: str) -> subprocess.CompletedProcess:
-    return check(subprocess.run(
-        [sys.executable, "-m", "titanlite.train", "--config", str(DEBUG_CONFIG),
-         "--training.seq_len", "64", "--training.local_batch_size", "4",
-         "--training.steps", str(steps), "--checkpoint.enable_checkpoint",
-         "--checkpoint.interval", "2", "--job.dump_folder", str(folder), *extra],
-        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300))
+    return check(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "titanlite.train",
+                "--config",
+                str(DEBUG_CONFIG),
+                "--training.seq_len",
+                "64",
+                "--training.local_batch_size",
+                "4",
+                "--training.steps",
+                str(steps),
+                "--checkpoint.enable_checkpoint",
+                "--checkpoint.interval",
+                "2",
+                "--job.dump_folder",
+                str(folder),
+                *extra,
+            ],
+            cwd=ROOT,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    )
 
 
 @pytest.mark.slow

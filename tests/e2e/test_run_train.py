@@ -9,11 +9,16 @@ KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib",
 
 @pytest.mark.slow
 def test_debug_model_trains_and_logs(tmp_path):
-    proc = check(run_script("run_train.sh", ["--training.steps", "30", "--job.dump_folder", str(tmp_path)]))
+    proc = check(
+        run_script("run_train.sh", ["--training.steps", "30", "--job.dump_folder", str(tmp_path)])
+    )
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 31))
     assert KEYS <= set(records[0])
-    assert records[-1]["loss"] <= 0.75 * records[0]["loss"], (records[0]["loss"], records[-1]["loss"])
+    assert records[-1]["loss"] <= 0.75 * records[0]["loss"], (
+        records[0]["loss"],
+        records[-1]["loss"],
+    )
     assert all(r["mfu"] is None for r in records)  # CPU: peak unknown, never invented
     assert all(r["tps"] > 0 and r["grad_norm"] > 0 for r in records)
 
@@ -31,9 +36,22 @@ def test_debug_model_trains_and_logs(tmp_path):
 def test_two_ranks_with_float8_log_only_rank0_by_default(tmp_path):
     # Two launcher options in one run (each run costs a torchrun start): FSDP 2 with float8
     # linears (torchao, real CPU float8 matmuls), and rank-0-only logging.
-    proc = check(run_script("run_train.sh", ["--training.steps", "2", "--job.dump_folder", str(tmp_path),
-                                             "--metrics.enable_tensorboard", "false",
-                                             "--model.converters", "float8"], NGPU="2"))
+    proc = check(
+        run_script(
+            "run_train.sh",
+            [
+                "--training.steps",
+                "2",
+                "--job.dump_folder",
+                str(tmp_path),
+                "--metrics.enable_tensorboard",
+                "false",
+                "--model.converters",
+                "float8",
+            ],
+            NGPU="2",
+        )
+    )
     out = proc.stdout + proc.stderr
     assert "[rank0]" in out and "[rank1]" not in out
     assert "dp_shard=2" in out

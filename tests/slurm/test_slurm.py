@@ -14,8 +14,7 @@ from titanlite.checkpoint_storage import complete_steps, verify
 
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 # The script's #SBATCH lines are for a GPU cluster; these make it fit the emulated CPU nodes.
-CPU_NODES = ["--nodes=2", "--gres=none", "--partition=debug", "--cpus-per-task=1",
-             "--time=10"]
+CPU_NODES = ["--nodes=2", "--gres=none", "--partition=debug", "--cpus-per-task=1", "--time=10"]
 
 
 def slurm_missing() -> str | None:
@@ -32,27 +31,49 @@ def slurm(tmp_path_factory):
         pytest.skip(reason)
     folder = tmp_path_factory.mktemp("slurm")
     try:
-        started = subprocess.run(["bash", str(LOCAL_SLURM), "start", "--nodes", "2", "--dir",
-                                  str(folder)], capture_output=True, text=True, timeout=600)
+        started = subprocess.run(
+            ["bash", str(LOCAL_SLURM), "start", "--nodes", "2", "--dir", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert started.returncode == 0, started.stderr[-3000:]
-        env = clean_env(SLURM_CONF=str(folder / "slurm.conf"), NGPU="1", PYTHON=sys.executable,
-                        MAX_RESTARTS="0", RDZV_PORT=str(free_port()))
+        env = clean_env(
+            SLURM_CONF=str(folder / "slurm.conf"),
+            NGPU="1",
+            PYTHON=sys.executable,
+            MAX_RESTARTS="0",
+            RDZV_PORT=str(free_port()),
+        )
         yield env
     finally:
-        subprocess.run(["bash", str(LOCAL_SLURM), "stop", "--dir", str(folder)],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            ["bash", str(LOCAL_SLURM), "stop", "--dir", str(folder)],
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def sbatch(env, log, *args: str, wait: bool = True) -> subprocess.Popen:
-    cmd = ["sbatch", "--parsable", *(["--wait"] if wait else []), *CPU_NODES, f"--output={log}",
-           str(ROOT / "scripts" / "multinode_trainer.slurm"), *SHORT_RUN, *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        "sbatch",
+        "--parsable",
+        *(["--wait"] if wait else []),
+        *CPU_NODES,
+        f"--output={log}",
+        str(ROOT / "scripts" / "multinode_trainer.slurm"),
+        *SHORT_RUN,
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def job_field(env, job: str, key: str) -> str | None:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True
+    ).stdout
     return next((w.split("=", 1)[1] for w in out.split() if w.startswith(f"{key}=")), None)
 
 
@@ -85,12 +106,15 @@ def test_sigusr1_checkpoints_requeues_and_resumes(slurm, two_rank_reference, tmp
         # What `#SBATCH --signal=USR1@120` does before the time limit, now.
         subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
         # SLURM holds a requeued job for ~2 minutes (BeginTime); release it at once.
-        while job_field(slurm, job, "Restarts") in (None, "0") or \
-                job_field(slurm, job, "JobState") != "PENDING":
+        while (
+            job_field(slurm, job, "Restarts") in (None, "0")
+            or job_field(slurm, job, "JobState") != "PENDING"
+        ):
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm,
-                       check=True)
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, check=True
+        )
         out, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
@@ -113,13 +137,33 @@ def test_sigusr1_checkpoints_requeues_and_resumes(slurm, two_rank_reference, tmp
 @pytest.mark.slow
 def test_two_torchrun_nodes_rendezvous_without_slurm(two_rank_reference, tmp_path):
     port = free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
-         "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-         "-m", "titanlite.train", *SHORT_RUN, "--job.dump_folder", str(tmp_path),
-         "--checkpoint.interval", "100"],
-        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "-m",
+                "titanlite.train",
+                *SHORT_RUN,
+                "--job.dump_folder",
+                str(tmp_path),
+                "--checkpoint.interval",
+                "100",
+            ],
+            cwd=ROOT,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=300)

@@ -7,10 +7,16 @@ from titanlite.checkpoint import _flatten, _unflatten
 
 def test_flatten_round_trip_keeps_structure_and_passes_plain_data_through():
     buffer = list(range(1000))
-    sd = {"model": OrderedDict(a=torch.ones(2), b=torch.zeros(3)), "loader": {"buffer": buffer, "n": 3},
-          "opt": {"param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["a"]}],
-                  "state": {"a": {"step": torch.tensor(1.0)}}},
-          "empty": {}, "mixed": [torch.ones(1), {"e": 1}]}
+    sd = {
+        "model": OrderedDict(a=torch.ones(2), b=torch.zeros(3)),
+        "loader": {"buffer": buffer, "n": 3},
+        "opt": {
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["a"]}],
+            "state": {"a": {"step": torch.tensor(1.0)}},
+        },
+        "empty": {},
+        "mixed": [torch.ones(1), {"e": 1}],
+    }
     flat = _flatten(sd)
     assert flat[((dict, "loader"), (dict, "buffer"))] is buffer  # a leaf, not walked
     back = _unflatten(flat)

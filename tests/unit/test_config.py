@@ -23,9 +23,20 @@ def test_defaults_toml_and_cli_precedence(tmp_path):
 
 
 def test_cli_forms():
-    cfg = load("--training.steps=3", "--training.compile", "--metrics.enable_tensorboard", "false",
-               "--float8.filter_fqns", "output,layers.0", "--training.seed", "none",
-               "--activation_checkpoint.selective_ac_option", "op", "--optimizer.lr", "1e-3")
+    cfg = load(
+        "--training.steps=3",
+        "--training.compile",
+        "--metrics.enable_tensorboard",
+        "false",
+        "--float8.filter_fqns",
+        "output,layers.0",
+        "--training.seed",
+        "none",
+        "--activation_checkpoint.selective_ac_option",
+        "op",
+        "--optimizer.lr",
+        "1e-3",
+    )
     assert cfg.training.steps == 3
     assert cfg.training.compile is True
     assert cfg.metrics.enable_tensorboard is False
@@ -116,27 +127,52 @@ def test_torchtitan_toml_loads_unchanged(tmp_path):
     toml = tmp_path / "llama3_8b.toml"
     toml.write_text(TORCHTITAN_LLAMA3_8B)
     cfg = load("--config", str(toml))
-    assert (cfg.model.flavor, cfg.training.seq_len, cfg.activation_checkpoint.mode) == ("8B", 8192, "selective")
+    assert (cfg.model.flavor, cfg.training.seq_len, cfg.activation_checkpoint.mode) == (
+        "8B",
+        8192,
+        "selective",
+    )
 
 
-@pytest.mark.parametrize("toml, argv, expected", [
-    ("[training]\nstepz = 3\n", [], "unknown key 'stepz' in [training] (did you mean 'steps'?)"),
-    ("[trainig]\nsteps = 3\n", [], "unknown section [trainig] (did you mean 'training'?)"),
-    ("[training]\nsteps = 'many'\n", [], "[training] steps = 'many': expected an integer"),
-    ("[training]\nsteps = -4\n", [], "[training] steps = -4: must be >= 1"),
-    ("", ["--training.seq_len", "1.5"], "[training] seq_len = '1.5': expected an integer"),
-    ("", ["--optimizer.implementation", "fast"], "expected one of 'fused', 'foreach', 'for-loop'"),
-    ("", ["--parallelism.pipeline_parallel_degree", "2"], "not supported by titanlite yet"),
-    ("[validation]\nenabled = true\n", [], "[validation] enabled = true needs validation.dataset_path"),
-    ("", ["--validation.steps", "0"], "[validation] steps = 0: expected -1"),
-    ("", ["--validation.seq_len", "4096", "--training.seq_len", "2048"],
-     "[validation] seq_len = 4096 is longer than training.seq_len = 2048"),
-    ("", ["--training.global_batch_size", "12", "--training.local_batch_size", "8"],
-     "global_batch_size = 12 is not a multiple of local_batch_size = 8"),
-    ("", ["--lr_scheduler.decay_ratio", "1.5"], "decay_ratio = 1.5: must be within [0, 1]"),
-    ("[training\n", [], "not valid TOML"),
-    ("", ["--training.steps"], "--training.steps needs a value"),
-])
+@pytest.mark.parametrize(
+    "toml, argv, expected",
+    [
+        (
+            "[training]\nstepz = 3\n",
+            [],
+            "unknown key 'stepz' in [training] (did you mean 'steps'?)",
+        ),
+        ("[trainig]\nsteps = 3\n", [], "unknown section [trainig] (did you mean 'training'?)"),
+        ("[training]\nsteps = 'many'\n", [], "[training] steps = 'many': expected an integer"),
+        ("[training]\nsteps = -4\n", [], "[training] steps = -4: must be >= 1"),
+        ("", ["--training.seq_len", "1.5"], "[training] seq_len = '1.5': expected an integer"),
+        (
+            "",
+            ["--optimizer.implementation", "fast"],
+            "expected one of 'fused', 'foreach', 'for-loop'",
+        ),
+        ("", ["--parallelism.pipeline_parallel_degree", "2"], "not supported by titanlite yet"),
+        (
+            "[validation]\nenabled = true\n",
+            [],
+            "[validation] enabled = true needs validation.dataset_path",
+        ),
+        ("", ["--validation.steps", "0"], "[validation] steps = 0: expected -1"),
+        (
+            "",
+            ["--validation.seq_len", "4096", "--training.seq_len", "2048"],
+            "[validation] seq_len = 4096 is longer than training.seq_len = 2048",
+        ),
+        (
+            "",
+            ["--training.global_batch_size", "12", "--training.local_batch_size", "8"],
+            "global_batch_size = 12 is not a multiple of local_batch_size = 8",
+        ),
+        ("", ["--lr_scheduler.decay_ratio", "1.5"], "decay_ratio = 1.5: must be within [0, 1]"),
+        ("[training\n", [], "not valid TOML"),
+        ("", ["--training.steps"], "--training.steps needs a value"),
+    ],
+)
 def test_bad_input_is_one_clear_line(tmp_path, toml, argv, expected):
     path = tmp_path / "bad.toml"
     path.write_text(toml)
@@ -147,21 +183,38 @@ def test_bad_input_is_one_clear_line(tmp_path, toml, argv, expected):
 
 
 def _preflight(*argv: str, world_size: int = 1) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "titanlite.preflight", *argv], cwd=ROOT,
-                          env=clean_env(WORLD_SIZE=str(world_size)), capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "titanlite.preflight", *argv],
+        cwd=ROOT,
+        env=clean_env(WORLD_SIZE=str(world_size)),
+        capture_output=True,
+        text=True,
+    )
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--training.steps", "x"], "[training] steps = 'x': expected an integer"),
-    (["--model.flavor", "9B"], "flavor = '9B': unknown for llama3"),
-    (["--model.tokenizer_path", "/nonexistent/tokenizer.json"], "/nonexistent/tokenizer.json does not exist"),
-    (["--training.dataset_path", "/nonexistent/data"], "/nonexistent/data does not exist"),
-    (["--training.dataset", "c4"], "training.dataset = 'c4' is not built in"),
-    (["--model.n_heads", "7"], "dim = 256 is not divisible by n_heads = 7"),
-    (["--training.enable_cpu_offload"], "enable_cpu_offload moves GPU memory to the host and needs CUDA"),
-    (["--profiling.enable_memory_snapshot"], "enable_memory_snapshot records the CUDA caching allocator"),
-    (["--parallelism.tensor_parallel_degree", "3"], "world size 1 is not divisible"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--training.steps", "x"], "[training] steps = 'x': expected an integer"),
+        (["--model.flavor", "9B"], "flavor = '9B': unknown for llama3"),
+        (
+            ["--model.tokenizer_path", "/nonexistent/tokenizer.json"],
+            "/nonexistent/tokenizer.json does not exist",
+        ),
+        (["--training.dataset_path", "/nonexistent/data"], "/nonexistent/data does not exist"),
+        (["--training.dataset", "c4"], "training.dataset = 'c4' is not built in"),
+        (["--model.n_heads", "7"], "dim = 256 is not divisible by n_heads = 7"),
+        (
+            ["--training.enable_cpu_offload"],
+            "enable_cpu_offload moves GPU memory to the host and needs CUDA",
+        ),
+        (
+            ["--profiling.enable_memory_snapshot"],
+            "enable_memory_snapshot records the CUDA caching allocator",
+        ),
+        (["--parallelism.tensor_parallel_degree", "3"], "world size 1 is not divisible"),
+    ],
+)
 def test_preflight_exit_code_2_one_line(argv, expected, monkeypatch, capsys):
     # In process (a subprocess per case costs seconds of imports); the real process's exit code
     # and the absence of a traceback are checked once below.
@@ -182,12 +235,19 @@ def test_preflight_process_exits_2_without_traceback(tmp_path):
 
 
 def test_run_train_reports_config_error_before_launch():
-    proc = subprocess.run(["bash", "run_train.sh", "--training.stepz", "3"], cwd=ROOT,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "run_train.sh", "--training.stepz", "3"],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "titanlite: error: command line (--training.stepz): unknown key 'stepz' in [training] "
-        "(did you mean 'steps'?)")
+        "(did you mean 'steps'?)"
+    )
     assert "Traceback" not in proc.stderr
 
 
@@ -200,8 +260,12 @@ def test_print_config_roundtrips(tmp_path):
 
 
 def test_config_reference_doc_is_current():
-    proc = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_config_docs.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -214,7 +278,9 @@ def test_old_torch_and_missing_packages_are_one_line_errors(monkeypatch):
 
     job = load("--config", str(DEBUG_CONFIG))
     monkeypatch.setattr(torch, "__version__", "2.5.1+cu121")
-    with pytest.raises(EnvironmentProblem, match=r"torch 2.5.1\+cu121 is older than the minimum 2.7"):
+    with pytest.raises(
+        EnvironmentProblem, match=r"torch 2.5.1\+cu121 is older than the minimum 2.7"
+    ):
         check_environment(job)
     monkeypatch.undo()
     real_import = builtins.__import__

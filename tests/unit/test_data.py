@@ -47,8 +47,10 @@ def test_windows_tile_the_stream_and_ranks_never_overlap(tok):
     seq, local, dp = 32, 3, 4
     n_windows = len(stream) // (seq + 1)
     per_rank = [
-        [(x.tolist(), y.tolist()) for x, y in _take(
-            PackedTextDataset(files, tok, seq, local, r, dp, 0), n_windows // dp)]
+        [
+            (x.tolist(), y.tolist())
+            for x, y in _take(PackedTextDataset(files, tok, seq, local, r, dp, 0), n_windows // dp)
+        ]
         for r in range(dp)
     ]
     # Reassemble the global order: window g belongs to rank (g // local) % dp.
@@ -94,8 +96,14 @@ def test_state_dict_resumes_exactly(tok, windows):
 
 
 def test_jsonl_malformed_lines_are_skipped_and_reported(tok, tmp_path, caplog):
-    lines = [json.dumps({"text": "good one"}), "{not json", json.dumps({"body": "no text"}),
-             json.dumps({"text": 5}), "", json.dumps({"text": "good two"})]
+    lines = [
+        json.dumps({"text": "good one"}),
+        "{not json",
+        json.dumps({"body": "no text"}),
+        json.dumps({"text": 5}),
+        "",
+        json.dumps({"text": "good two"}),
+    ]
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
     ds = PackedTextDataset(list_files(tmp_path), tok, 4, 1, 0, 1, 0)
     _take(ds, 3)
@@ -138,6 +146,10 @@ def test_tokenizer_training_is_deterministic(tmp_path):
     from helpers import ROOT
 
     out = tmp_path / "tokenizer.json"
-    subprocess.run([sys.executable, "scripts/train_tokenizer.py", "--output", str(out)], cwd=ROOT,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "scripts/train_tokenizer.py", "--output", str(out)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     assert out.read_bytes() == BUILTIN_TOKENIZER.read_bytes()

@@ -15,8 +15,15 @@ from titanlite.config import ConfigError, load
 
 pytest.importorskip("torchao")
 
-BLOCK_LINEARS = ["attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
+BLOCK_LINEARS = [
+    "attention.wq",
+    "attention.wk",
+    "attention.wv",
+    "attention.wo",
+    "feed_forward.w1",
+    "feed_forward.w2",
+    "feed_forward.w3",
+]
 
 
 def meta_llama(flavor: str, vocab: int) -> nn.Module:
@@ -28,7 +35,9 @@ def meta_llama(flavor: str, vocab: int) -> nn.Module:
 def test_conversion_picks_every_block_linear_and_skips_the_output(flavor, vocab):
     model = meta_llama(flavor, vocab)
     plan = convert_to_float8(model, Float8Options())
-    expected = [f"layers.{i}.{name}" for i in range(FLAVORS[flavor].n_layers) for name in BLOCK_LINEARS]
+    expected = [
+        f"layers.{i}.{name}" for i in range(FLAVORS[flavor].n_layers) for name in BLOCK_LINEARS
+    ]
     assert sorted(plan.converted) == sorted(expected)
     assert plan.skipped == {"output": "matches filter_fqns entry 'output'"}
     kinds = {name: type(m).__name__ for name, m in model.named_modules()}
@@ -73,14 +82,14 @@ def test_float8_linear_matches_high_precision_within_float8_rounding(recipe, emu
     # (gradients) keeps 2 bits: 2^-3. Norm-wise errors of sums of products sit below those
     # worst cases; far below them (1e-3) would mean no float8 rounding happened at all.
     out_err = relative_error(y_f8, y_ref)
-    assert 1e-3 < out_err < 2 ** -4, out_err
+    assert 1e-3 < out_err < 2**-4, out_err
     grad_in_err = relative_error(x_f8.grad, x_ref.grad)
-    assert 1e-3 < grad_in_err < 2 ** -3, grad_in_err
+    assert 1e-3 < grad_in_err < 2**-3, grad_in_err
     grad_w_err = relative_error(model[0].weight.grad, ref[0].weight.grad)
     if recipe == "rowwise_with_gw_hp":  # the weight gradient stays in high precision
         assert grad_w_err < 1e-5, grad_w_err
     else:
-        assert 1e-3 < grad_w_err < 2 ** -3, grad_w_err
+        assert 1e-3 < grad_w_err < 2**-3, grad_w_err
 
 
 def test_a_float8_model_state_dict_is_the_high_precision_one():
@@ -96,8 +105,12 @@ def test_old_gpu_without_emulation_is_refused_with_the_fix():
     opts = Float8Options()
     with pytest.raises(LayoutError, match=r"compute capability 8\.0.*--float8\.emulate true"):
         check_float8(opts, fsdp_enabled=True, device_type="cuda", cuda_capability=(8, 0))
-    check_float8(dataclasses.replace(opts, emulate=True), fsdp_enabled=True, device_type="cuda",
-                 cuda_capability=(8, 0))
+    check_float8(
+        dataclasses.replace(opts, emulate=True),
+        fsdp_enabled=True,
+        device_type="cuda",
+        cuda_capability=(8, 0),
+    )
     check_float8(opts, fsdp_enabled=True, device_type="cuda", cuda_capability=(9, 0))
 
 
@@ -115,9 +128,18 @@ def test_float8_all_gather_on_gloo_names_the_option_to_turn_off():
 
 
 def test_rowwise_with_float8_all_gather_is_refused():
-    job = load([*FLOAT8, "--float8.recipe_name", "rowwise",
-                "--float8.enable_fsdp_float8_all_gather", "true"])
-    with pytest.raises(LayoutError, match="rowwise.*cannot carry.*enable_fsdp_float8_all_gather false"):
+    job = load(
+        [
+            *FLOAT8,
+            "--float8.recipe_name",
+            "rowwise",
+            "--float8.enable_fsdp_float8_all_gather",
+            "true",
+        ]
+    )
+    with pytest.raises(
+        LayoutError, match="rowwise.*cannot carry.*enable_fsdp_float8_all_gather false"
+    ):
         preflight.check(job, world_size=2, device="cuda")
 
 
@@ -135,6 +157,8 @@ def test_missing_torchao_says_which_extra_to_install(monkeypatch, capsys):
     monkeypatch.setattr(float8, "find_spec", lambda name: None)
     assert preflight.main(FLOAT8) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("titanlite: error: model.converters = ['float8'] needs torchao: "
-                   "pip install 'titanlite[float8]'")
+    assert err == (
+        "titanlite: error: model.converters = ['float8'] needs torchao: "
+        "pip install 'titanlite[float8]'"
+    )
     assert preflight.main([]) == 0  # only float8 needs it

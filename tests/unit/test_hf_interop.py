@@ -32,7 +32,9 @@ VARIANTS = {"debugmodel": {}, "gqa": {"n_kv_heads": 4}}
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")
+    spec = importlib.util.spec_from_file_location(
+        "convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main
@@ -102,15 +104,25 @@ def test_export_gives_transformers_the_same_logits(exports, variant):
     diff = (ours - theirs).abs().max().item()
     print(f"max |logits difference| {diff:.2e} (logits up to {ours.abs().max().item():.2f})")
     assert diff <= 1e-5
-    assert lines[-1].startswith(f"[{len(model.state_dict())}/{len(model.state_dict())}] lm_head.weight")
+    assert lines[-1].startswith(
+        f"[{len(model.state_dict())}/{len(model.state_dict())}] lm_head.weight"
+    )
 
 
 def test_export_folder_contents_and_tokenizer(exported):
     _, _, folder, _ = exported
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     cfg = json.loads((folder / "config.json").read_text())
-    assert (cfg["rope_scaling"]["rope_type"], cfg["rope_theta"], cfg["torch_dtype"]) == ("llama3", 500000.0, "float32")
+    assert (cfg["rope_scaling"]["rope_type"], cfg["rope_theta"], cfg["torch_dtype"]) == (
+        "llama3",
+        500000.0,
+        "float32",
+    )
     ours = Tokenizer(BUILTIN_TOKENIZER)
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (ours.bos_id, ours.eos_id)
     theirs = transformers.AutoTokenizer.from_pretrained(folder)
@@ -136,9 +148,18 @@ def test_hf_to_titanlite_to_hf_round_trip_is_bit_exact(tmp_path, dtype):
         assert t.dtype == getattr(torch, dtype) and torch.equal(got[name], t), name
     assert len(list(back.glob("model-*-of-*.safetensors"))) > 1
     a, b = (json.loads((f / "config.json").read_text()) for f in (src, back))
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "rms_norm_eps", "vocab_size", "max_position_embeddings",
-                "rope_parameters", "tie_word_embeddings"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "max_position_embeddings",
+        "rope_parameters",
+        "tie_word_embeddings",
+    ):
         assert a[key] == b[key], key
 
 
@@ -176,7 +197,9 @@ def test_model_comes_from_the_runs_config_toml_when_the_manifest_lacks_it(tmp_pa
     step = save_titanlite(model, dump / "checkpoint" / "step-0", record=False)
     err = _error(["dcp-to-hf", str(step), str(tmp_path / "out")])
     assert "cannot tell the model's shape" in err and "--config" in err
-    text = config_lib.to_toml(config_lib.load(["--config", "debug_model.toml", "--model.n_kv_heads", "4"]))
+    text = config_lib.to_toml(
+        config_lib.load(["--config", "debug_model.toml", "--model.n_kv_heads", "4"])
+    )
     (dump / "config.toml").write_text(text)
     manifest = json.loads((step / MANIFEST).read_text())
     manifest["config_hash"] = config_hash(text)
@@ -186,7 +209,10 @@ def test_model_comes_from_the_runs_config_toml_when_the_manifest_lacks_it(tmp_pa
     assert cfg["num_key_value_heads"] == 4 and (tmp_path / "out" / "tokenizer.json").is_file()
     # A config that does not describe the checkpoint is caught by the shapes.
     err = _error(["dcp-to-hf", str(step), str(tmp_path / "other"), "--config", "debug_model.toml"])
-    assert "layers.0.attention.wk.weight has shape (64, 256), the model" in err and "needs (256, 256)" in err
+    assert (
+        "layers.0.attention.wk.weight has shape (64, 256), the model" in err
+        and "needs (256, 256)" in err
+    )
 
 
 def _error(argv) -> str:
@@ -196,7 +222,9 @@ def _error(argv) -> str:
     buf = io.StringIO()
     with redirect_stderr(buf):
         assert convert(argv) == 2
-    lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("convert_checkpoint: error:")]
+    lines = [
+        ln for ln in buf.getvalue().splitlines() if ln.startswith("convert_checkpoint: error:")
+    ]
     assert len(lines) == 1, buf.getvalue()
     return lines[0]
 
@@ -221,18 +249,38 @@ def _edited_copy(src, dst, config=None, drop=None, reshape=None):
     return dst
 
 
-@pytest.mark.parametrize("edit,message", [
-    ({"config": {"model_type": "mistral"}}, "config.json: model_type = 'mistral': titanlite's Llama needs 'llama'"),
-    ({"config": {"hidden_act": "gelu"}}, "config.json: hidden_act = 'gelu'"),
-    ({"config": {"attention_bias": True}}, "config.json: attention_bias = True"),
-    ({"config": {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}},
-     "config.json: rope_parameters.rope_type = 'yarn'"),
-    ({"config": {"head_dim": 32}}, "config.json: head_dim = 32"),
-    ({"drop": "model.layers.3.mlp.up_proj.weight"}, "has no tensor model.layers.3.mlp.up_proj.weight"),
-    ({"reshape": "model.layers.2.self_attn.k_proj.weight"},
-     "tensor model.layers.2.self_attn.k_proj.weight has shape (255, 256), the model"),
-    ({"config": {"num_hidden_layers": 5}}, "has tensor model.layers.5.input_layernorm.weight, which a Llama"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            {"config": {"model_type": "mistral"}},
+            "config.json: model_type = 'mistral': titanlite's Llama needs 'llama'",
+        ),
+        ({"config": {"hidden_act": "gelu"}}, "config.json: hidden_act = 'gelu'"),
+        ({"config": {"attention_bias": True}}, "config.json: attention_bias = True"),
+        (
+            {
+                "config": {
+                    "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}
+                }
+            },
+            "config.json: rope_parameters.rope_type = 'yarn'",
+        ),
+        ({"config": {"head_dim": 32}}, "config.json: head_dim = 32"),
+        (
+            {"drop": "model.layers.3.mlp.up_proj.weight"},
+            "has no tensor model.layers.3.mlp.up_proj.weight",
+        ),
+        (
+            {"reshape": "model.layers.2.self_attn.k_proj.weight"},
+            "tensor model.layers.2.self_attn.k_proj.weight has shape (255, 256), the model",
+        ),
+        (
+            {"config": {"num_hidden_layers": 5}},
+            "has tensor model.layers.5.input_layernorm.weight, which a Llama",
+        ),
+    ],
+)
 def test_hf_folder_mistakes_are_one_line_errors(hf_folder, tmp_path, edit, message):
     src = _edited_copy(hf_folder, tmp_path / "src", **edit)
     err = _error(["hf-to-dcp", str(src), str(tmp_path / "out" / "step-0")])
@@ -240,7 +288,9 @@ def test_hf_folder_mistakes_are_one_line_errors(hf_folder, tmp_path, edit, messa
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_pickle_weights_missing_files_and_existing_destinations_are_refused(hf_folder, exported, tmp_path):
+def test_pickle_weights_missing_files_and_existing_destinations_are_refused(
+    hf_folder, exported, tmp_path
+):
     src = tmp_path / "pickled"
     src.mkdir()
     shutil.copy(hf_folder / "config.json", src)
@@ -250,32 +300,61 @@ def test_pickle_weights_missing_files_and_existing_destinations_are_refused(hf_f
     truncated = _edited_copy(hf_folder, tmp_path / "truncated")
     with (truncated / "model.safetensors").open("r+b") as f:
         f.truncate(f.seek(0, 2) - 10)
-    assert "not a valid safetensors file" in _error(["hf-to-dcp", str(truncated), str(tmp_path / "x")])
+    assert "not a valid safetensors file" in _error(
+        ["hf-to-dcp", str(truncated), str(tmp_path / "x")]
+    )
     _, step, out, _ = exported
     mtime = (out / "model.safetensors").stat().st_mtime_ns
-    assert f"{out} already exists; refusing to overwrite it" in _error(["dcp-to-hf", str(step), str(out)])
+    assert f"{out} already exists; refusing to overwrite it" in _error(
+        ["dcp-to-hf", str(step), str(out)]
+    )
     assert f"{step} already exists" in _error(["hf-to-dcp", str(hf_folder), str(step)])
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
-    assert "does not exist" in _error(["dcp-to-hf", str(step), str(tmp_path / "y"), "--tokenizer", str(tmp_path / "nope")])
+    assert "does not exist" in _error(
+        ["dcp-to-hf", str(step), str(tmp_path / "y"), "--tokenizer", str(tmp_path / "nope")]
+    )
     assert not (tmp_path / "y").exists() and not (tmp_path / ".y.partial").exists()
 
 
 def test_published_llama31_config_maps_to_the_8b_flavor():
     published = {  # Meta-Llama-3.1-8B/config.json (transformers 4.x format)
-        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-        "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
-        "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
-        "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
-        "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
-        "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "transformers_version": "4.43.0.dev0", "use_cache": True, "vocab_size": 128256}
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.0.dev0",
+        "use_cache": True,
+        "vocab_size": 128256,
+    }
     args = hf.args_from_hf_config(published)
     assert args == FLAVORS["8B"].with_overrides(vocab_size=128256, rope_theta=500000.0)
     back = hf.hf_config(args, dtype=torch.bfloat16, bos_token_id=128000, eos_token_id=128001)
     assert {k: back[k] for k in published if k != "transformers_version"} == {
-        k: v for k, v in published.items() if k != "transformers_version"}
+        k: v for k, v in published.items() if k != "transformers_version"
+    }
     # An FFN width no flavor uses still round-trips exactly.
     odd = hf.args_from_hf_config({**published, "intermediate_size": 5000})
     assert odd.ffn_hidden_dim == 5000
@@ -286,9 +365,13 @@ def test_qk_permutation_is_a_per_head_interleave_and_inverts():
     p = hf.permute_to_hf(w, 2)
     assert p[:, 0].tolist() == [0, 6, 12, 18, 3, 9, 15, 21, 24, 30, 36, 42, 27, 33, 39, 45]
     assert torch.equal(hf.permute_from_hf(p, 2), w)
-    assert hf.to_hf_name("layers.11.feed_forward.w2.weight") == "model.layers.11.mlp.down_proj.weight"
-    assert hf.from_hf_name("model.layers.11.self_attn.k_proj.weight") == "layers.11.attention.wk.weight"
-
+    assert (
+        hf.to_hf_name("layers.11.feed_forward.w2.weight") == "model.layers.11.mlp.down_proj.weight"
+    )
+    assert (
+        hf.from_hf_name("model.layers.11.self_attn.k_proj.weight")
+        == "layers.11.attention.wk.weight"
+    )
 
 
 def test_model_differences_name_the_fields_that_change_the_function_but_not_the_shapes():
@@ -297,5 +380,6 @@ def test_model_differences_name_the_fields_that_change_the_function_but_not_the_
     imported = hf.args_from_hf_config(hf.hf_config(llama2_rope, dtype=torch.float32))
     assert model_differences(imported.to_dict(), debug.to_dict()) == [
         "rope_theta = 10000.0 (checkpoint) vs 500000 (configured)",
-        "rope_scaling = None (checkpoint) vs [8.0, 1.0, 4.0, 8192] (configured)"]
+        "rope_scaling = None (checkpoint) vs [8.0, 1.0, 4.0, 8192] (configured)",
+    ]
     assert model_differences({**debug.to_dict(), "max_seq_len": 131072}, debug.to_dict()) == []

@@ -26,7 +26,13 @@ def test_parameter_counts_on_meta(flavor):
 def test_debugmodel_matches_torchtitan_shape():
     a = FLAVORS["debugmodel"]
     assert (a.dim, a.n_layers, a.n_heads, a.kv_heads, a.multiple_of, a.rope_theta) == (
-        256, 6, 16, 16, 256, 500000)
+        256,
+        6,
+        16,
+        16,
+        256,
+        500000,
+    )
 
 
 def test_8b_shapes():
@@ -72,8 +78,11 @@ def _reference_llama31_theta(args: LlamaArgs) -> torch.Tensor:
 def test_rope_matches_reference(scaling):
     args = LlamaArgs(dim=512, n_heads=4, rope_theta=500000, rope_scaling=scaling, vocab_size=8)
     seq = 64
-    theta = (_reference_llama31_theta(args) if scaling else
-             1.0 / args.rope_theta ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
+    theta = (
+        _reference_llama31_theta(args)
+        if scaling
+        else 1.0 / args.rope_theta ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    )
     freqs = rope_frequencies(args, seq)
     torch.manual_seed(0)
     q, k = torch.randn(2, seq, 4, 128), torch.randn(2, seq, 2, 128)
@@ -84,7 +93,9 @@ def test_rope_matches_reference(scaling):
 
 def test_llama31_scaling_changes_only_long_wavelengths():
     scaled = rope_frequencies(LlamaArgs(dim=512, n_heads=4, rope_theta=500000), 2)[1].angle()
-    plain = rope_frequencies(LlamaArgs(dim=512, n_heads=4, rope_theta=500000, rope_scaling=None), 2)[1].angle()
+    plain = rope_frequencies(
+        LlamaArgs(dim=512, n_heads=4, rope_theta=500000, rope_scaling=None), 2
+    )[1].angle()
     assert torch.allclose(scaled[:10], plain[:10])  # high frequencies untouched
     assert torch.allclose(scaled[-1], plain[-1] / 8)  # the lowest slowed by the factor
 
@@ -166,7 +177,9 @@ def test_activation_estimate_within_25_percent_of_measured_peak(ac):
 
     from helpers import ROOT
 
-    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "scripts" / "calibrate_memory.py")
+    spec = importlib.util.spec_from_file_location(
+        "calibrate", ROOT / "scripts" / "calibrate_memory.py"
+    )
     calibrate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(calibrate)
     _, measured, predicted = calibrate.measure("debug", ac)

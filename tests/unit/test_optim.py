@@ -39,5 +39,7 @@ def test_adamw_groups_and_implementation(impl):
     assert isinstance(opt, torch.optim.AdamW)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(
+        p.dim() < 2 for p in no_decay["params"]
+    )
     assert decay["fused"] is (impl == "fused")

@@ -18,16 +18,19 @@ def fake_world():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world, degrees, shape, names, dp", [
-    (1, (1, -1, 1), (1,), ("dp_shard",), 1),
-    (8, (1, -1, 1), (8,), ("dp_shard",), 8),
-    (2, (2, 1, 1), (2,), ("dp_replicate",), 2),
-    (4, (1, -1, 4), (4,), ("tp",), 1),
-    (8, (1, -1, 2), (4, 2), ("dp_shard", "tp"), 4),
-    (8, (2, -1, 1), (2, 4), ("dp_replicate", "dp_shard"), 8),
-    (8, (2, 2, 2), (2, 2, 2), ("dp_replicate", "dp_shard", "tp"), 4),
-    (256, (1, -1, 8), (32, 8), ("dp_shard", "tp"), 32),
-])
+@pytest.mark.parametrize(
+    "world, degrees, shape, names, dp",
+    [
+        (1, (1, -1, 1), (1,), ("dp_shard",), 1),
+        (8, (1, -1, 1), (8,), ("dp_shard",), 8),
+        (2, (2, 1, 1), (2,), ("dp_replicate",), 2),
+        (4, (1, -1, 4), (4,), ("tp",), 1),
+        (8, (1, -1, 2), (4, 2), ("dp_shard", "tp"), 4),
+        (8, (2, -1, 1), (2, 4), ("dp_replicate", "dp_shard"), 8),
+        (8, (2, 2, 2), (2, 2, 2), ("dp_replicate", "dp_shard", "tp"), 4),
+        (256, (1, -1, 8), (32, 8), ("dp_shard", "tp"), 32),
+    ],
+)
 def test_mesh_shapes(fake_world, world, degrees, shape, names, dp):
     fake_world(world, rank=world - 1)
     dims = ParallelDims.resolve(*degrees, world)
@@ -49,22 +52,53 @@ def test_3d_hsdp_tp_mesh_coordinates(fake_world):
     assert dims.fsdp_enabled and not dims.ddp_enabled
 
 
-LAYOUT = dict(n_heads=16, n_kv_heads=8, seq_len=2048, local_batch_size=2, global_batch_size=-1,
-              device_type="cpu", async_tp=False, compile=False)
+LAYOUT = dict(
+    n_heads=16,
+    n_kv_heads=8,
+    seq_len=2048,
+    local_batch_size=2,
+    global_batch_size=-1,
+    device_type="cpu",
+    async_tp=False,
+    compile=False,
+)
 
 
-@pytest.mark.parametrize("degrees, world, overrides, message", [
-    ((1, -1, 3), 8, {}, "world size 8 is not divisible by data_parallel_replicate_degree (1) x tensor_parallel_degree (3)"),
-    ((1, 3, 2), 8, {}, "= 6, but the world size is 8"),
-    ((1, -1, 16), 16, {}, "n_kv_heads = 8 is not divisible by parallelism.tensor_parallel_degree = 16"),
-    ((1, -1, 4), 4, {"n_heads": 6}, "n_heads = 6 is not divisible"),
-    ((1, -1, 4), 4, {"seq_len": 2050}, "seq_len = 2050 is not divisible by tensor_parallel_degree = 4"),
-    ((1, -1, 1), 4, {"global_batch_size": 12}, "global_batch_size = 12 is not a multiple of local_batch_size (2) x data-parallel degree (4)"),
-    ((1, -1, 2), 2, {"async_tp": True}, "enable_async_tensor_parallel needs CUDA GPUs"),
-    ((1, -1, 1), 2, {"async_tp": True}, "needs tensor_parallel_degree > 1"),
-    ((2, 1, 2), 4, {}, "does not compose with tensor parallel"),
-    ((1, -1, 2), 2, {"compile": True}, "training.compile with tensor parallel but no FSDP"),
-])
+@pytest.mark.parametrize(
+    "degrees, world, overrides, message",
+    [
+        (
+            (1, -1, 3),
+            8,
+            {},
+            "world size 8 is not divisible by data_parallel_replicate_degree (1) x tensor_parallel_degree (3)",
+        ),
+        ((1, 3, 2), 8, {}, "= 6, but the world size is 8"),
+        (
+            (1, -1, 16),
+            16,
+            {},
+            "n_kv_heads = 8 is not divisible by parallelism.tensor_parallel_degree = 16",
+        ),
+        ((1, -1, 4), 4, {"n_heads": 6}, "n_heads = 6 is not divisible"),
+        (
+            (1, -1, 4),
+            4,
+            {"seq_len": 2050},
+            "seq_len = 2050 is not divisible by tensor_parallel_degree = 4",
+        ),
+        (
+            (1, -1, 1),
+            4,
+            {"global_batch_size": 12},
+            "global_batch_size = 12 is not a multiple of local_batch_size (2) x data-parallel degree (4)",
+        ),
+        ((1, -1, 2), 2, {"async_tp": True}, "enable_async_tensor_parallel needs CUDA GPUs"),
+        ((1, -1, 1), 2, {"async_tp": True}, "needs tensor_parallel_degree > 1"),
+        ((2, 1, 2), 4, {}, "does not compose with tensor parallel"),
+        ((1, -1, 2), 2, {"compile": True}, "training.compile with tensor parallel but no FSDP"),
+    ],
+)
 def test_bad_layouts(degrees, world, overrides, message):
     with pytest.raises(LayoutError) as e:
         dims = ParallelDims.resolve(*degrees, world)

@@ -69,12 +69,14 @@ def test_round_trip_equals_on_the_fly_tokenization(prepared, tok):
     # The index holds each document's boundaries: BOS at every start, EOS before every end.
     for i in range(len(shards.shards)):
         starts, data = shards.documents(i), np.fromfile(shards.bin_path(i), dtype="<u2")
-        assert (data[starts[:-1]] == tok.bos_id).all() and (data[starts[1:] - 1] == tok.eos_id).all()
+        assert (data[starts[:-1]] == tok.bos_id).all() and (
+            data[starts[1:] - 1] == tok.eos_id
+        ).all()
     # One epoch of batches, on one rank, holds every window of that stream exactly once.
     ds = ShardWindowDataset(shards, SEQ, 4, 0, 1, seed=3)
     got = sorted(map(tuple, _windows(ds, ds.windows)))
     n = SEQ + 1
-    want = sorted(tuple(stream[w * n:(w + 1) * n]) for w in range(len(stream) // n))
+    want = sorted(tuple(stream[w * n : (w + 1) * n]) for w in range(len(stream) // n))
     assert got == want
 
 
@@ -82,12 +84,16 @@ def test_ranks_split_each_epoch_without_overlap_or_gap(prepared):
     shards = ShardSet(prepared)
     one = ShardWindowDataset(shards, SEQ, 12, 0, 1, seed=5)
     reference = _windows(one, 2 * one.windows)  # two epochs
-    epoch0, epoch1 = reference[: one.windows], reference[one.windows:]
+    epoch0, epoch1 = reference[: one.windows], reference[one.windows :]
     assert sorted(map(tuple, epoch0)) == sorted(map(tuple, epoch1))  # same windows ...
     assert not all(np.array_equal(a, b) for a, b in zip(epoch0, epoch1))  # ... another order
     lbs, dp = 3, 4
-    per_rank = [_windows(ShardWindowDataset(shards, SEQ, lbs, r, dp, seed=5),
-                         one.windows // (lbs * dp) * lbs) for r in range(dp)]
+    per_rank = [
+        _windows(
+            ShardWindowDataset(shards, SEQ, lbs, r, dp, seed=5), one.windows // (lbs * dp) * lbs
+        )
+        for r in range(dp)
+    ]
     got = _global(per_rank, lbs, dp, len(per_rank[0]) * dp)
     assert all(np.array_equal(a, b) for a, b in zip(got, reference))
 
@@ -110,8 +116,12 @@ def _loader_windows(loader_iter, steps):
 
 
 def _loaders(source, tok, lbs, dp, seed=1):
-    return [build_dataloader(source, tok, seq_len=SEQ, local_batch_size=lbs, dp_rank=r, dp_size=dp,
-                             seed=seed) for r in range(dp)]
+    return [
+        build_dataloader(
+            source, tok, seq_len=SEQ, local_batch_size=lbs, dp_rank=r, dp_size=dp, seed=seed
+        )
+        for r in range(dp)
+    ]
 
 
 @pytest.mark.parametrize("reader", ["shards", "text"])
@@ -156,7 +166,9 @@ def test_resume_inside_a_micro_batch_with_the_same_layout(prepared):
 
 def test_resume_refuses_another_dataset_or_seq_len(prepared, tmp_path):
     state = ShardWindowDataset(ShardSet(prepared), SEQ, 2, 0, 1).state_dict()
-    with pytest.raises(DatasetError, match="counts windows of training.seq_len = 31, this run has 15"):
+    with pytest.raises(
+        DatasetError, match="counts windows of training.seq_len = 31, this run has 15"
+    ):
         ShardWindowDataset(ShardSet(prepared), 15, 2, 0, 1).load_state_dict(state)
     (tmp_path / "other.txt").write_text("another corpus " * 200)
     prepare([tmp_path / "other.txt"], tmp_path / "other", quiet=True)
@@ -170,8 +182,12 @@ def test_jsonl_and_parquet_inputs_and_bad_records(tok, tmp_path):
 
     src = tmp_path / "src"
     src.mkdir()
-    lines = [json.dumps({"text": "first document"}), "{broken", json.dumps({"body": "x"}),
-             json.dumps({"text": "second document"})]
+    lines = [
+        json.dumps({"text": "first document"}),
+        "{broken",
+        json.dumps({"body": "x"}),
+        json.dumps({"text": "second document"}),
+    ]
     (src / "a.jsonl").write_text("\n".join(lines) + "\n")
     table = pa.table({"text": ["row zero", None, "row two"], "id": [0, 1, 2]})
     pq.write_table(table, src / "b.parquet", row_group_size=2)
@@ -179,7 +195,9 @@ def test_jsonl_and_parquet_inputs_and_bad_records(tok, tmp_path):
     manifest = prepare([src], out, shard_mb=1e-5, quiet=True)  # a shard per segment
     assert manifest["skipped_records"] == 3
     examples = manifest["skipped_examples"]
-    assert examples[0].startswith(f"{src / 'a.jsonl'}:2:") and examples[1].startswith(f"{src / 'a.jsonl'}:3:")
+    assert examples[0].startswith(f"{src / 'a.jsonl'}:2:") and examples[1].startswith(
+        f"{src / 'a.jsonl'}:3:"
+    )
     assert examples[2].startswith(f"{src / 'b.parquet'}:row 1:")
     docs = ["first document", "second document", "row zero", "row two"]
     want = [t for ids in tok.encode_documents(docs) for t in ids]
@@ -191,13 +209,17 @@ def test_jsonl_and_parquet_inputs_and_bad_records(tok, tmp_path):
 def test_prepare_resumes_and_refuses_another_tokenizer(prepared, tmp_path):
     out = tmp_path / "copy"
     prepare([CORPUS], out, shard_mb=0.04, workers=2, quiet=True)  # worker processes
-    assert json.loads((out / "manifest.json").read_text()) == json.loads((prepared / "manifest.json").read_text())
+    assert json.loads((out / "manifest.json").read_text()) == json.loads(
+        (prepared / "manifest.json").read_text()
+    )
     (out / "shard_00001.json").unlink()  # as if killed while writing shard 1
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("shard_*.bin")}
     prepare([CORPUS], out, shard_mb=0.04, quiet=True)
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("shard_*.bin")}
     assert [n for n in before if before[n] != after[n]] == ["shard_00001.bin"]
-    assert json.loads((out / "manifest.json").read_text()) == json.loads((prepared / "manifest.json").read_text())
+    assert json.loads((out / "manifest.json").read_text()) == json.loads(
+        (prepared / "manifest.json").read_text()
+    )
     other = json.loads((out / "shard_00000.json").read_text())
     other["tokenizer"] = "0123456789abcdef"
     (out / "shard_00000.json").write_text(json.dumps(other))
@@ -227,23 +249,35 @@ def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path, capsys):
     # A truncated shard: a size mismatch, caught by the cheap checks.
     cut = _copy(prepared, tmp_path / "cut")
     (cut / "shard_00001.bin").write_bytes((cut / "shard_00001.bin").read_bytes()[:-2])
-    with pytest.raises(DatasetError, match=r"shard file .*shard_00001.bin has \d+ bytes, the manifest says"):
+    with pytest.raises(
+        DatasetError, match=r"shard file .*shard_00001.bin has \d+ bytes, the manifest says"
+    ):
         open_dataset(cut, tok)
     assert preflight.main(["--training.dataset_path", str(cut)]) == 2  # one line, exit 2
-    assert f"titanlite: error: training.dataset_path: shard file {cut / 'shard_00001.bin'}" in capsys.readouterr().err
+    assert (
+        f"titanlite: error: training.dataset_path: shard file {cut / 'shard_00001.bin'}"
+        in capsys.readouterr().err
+    )
     # A manifest from another tokenizer.
     other = _copy(prepared, tmp_path / "other")
     m = json.loads((other / "manifest.json").read_text())
     m["tokenizer"]["fingerprint"] = "0123456789abcdef"
     (other / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(DatasetError, match="prepared with another tokenizer.*set model.tokenizer_path"):
+    with pytest.raises(
+        DatasetError, match="prepared with another tokenizer.*set model.tokenizer_path"
+    ):
         open_dataset(other, tok)
     # Ids beyond the model's vocabulary, a shard without EOS, a dtype that is not the file's.
     shards = ShardSet(prepared)
-    with pytest.raises(DatasetError, match=r"shard_00000.bin holds token id \d+, beyond the model's vocabulary of 100"):
+    with pytest.raises(
+        DatasetError,
+        match=r"shard_00000.bin holds token id \d+, beyond the model's vocabulary of 100",
+    ):
         shards.check(100, tok.fingerprint, tok.path)
-    for field, value, message in (("eos_count", 0, "holds no EOS token"),
-                                  ("dtype", "uint32", "has .* bytes, the manifest says")):
+    for field, value, message in (
+        ("eos_count", 0, "holds no EOS token"),
+        ("dtype", "uint32", "has .* bytes, the manifest says"),
+    ):
         broken = _copy(prepared, tmp_path / field)
         m = json.loads((broken / "manifest.json").read_text())
         if field == "dtype":
@@ -291,9 +325,14 @@ def test_checkpoint_of_the_other_reader_is_one_clear_error(prepared, tok, tmp_pa
     from titanlite.checkpoint import CheckpointManager
     from titanlite.checkpoint_storage import CheckpointError
 
-    text, shards = _loaders(list_files(CORPUS), tok, 2, 1)[0], _loaders(ShardSet(prepared), tok, 2, 1)[0]
+    text, shards = (
+        _loaders(list_files(CORPUS), tok, 2, 1)[0],
+        _loaders(ShardSet(prepared), tok, 2, 1)[0],
+    )
     dcp.save({"dataloader": text}, checkpoint_id=str(tmp_path))
     check = CheckpointManager._check_loader_state
     check(types.SimpleNamespace(states={"dataloader": text}), tmp_path)  # same reader: fine
-    with pytest.raises(CheckpointError, match="saved by another reader.*exclude_from_loading dataloader"):
+    with pytest.raises(
+        CheckpointError, match="saved by another reader.*exclude_from_loading dataloader"
+    ):
         check(types.SimpleNamespace(states={"dataloader": shards}), tmp_path)

@@ -18,15 +18,18 @@ from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenize
 
 # The torch-backed loaders are imported on first use, so that the preparation tool and its
 # worker processes start without importing torch.
-_LAZY = {"PackedTextDataset": "titanlite.data.text_dataset",
-         "ShardWindowDataset": "titanlite.data.shard_dataset",
-         "StatefulDataLoader": "torchdata.stateful_dataloader"}
+_LAZY = {
+    "PackedTextDataset": "titanlite.data.text_dataset",
+    "ShardWindowDataset": "titanlite.data.shard_dataset",
+    "StatefulDataLoader": "torchdata.stateful_dataloader",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # Built-in datasets by `training.dataset` name, used when `training.dataset_path` is unset.
@@ -47,7 +50,9 @@ def resolve_dataset_path(dataset: str, dataset_path: str | None) -> Path:
     )
 
 
-def open_dataset(path: Path, tokenizer: Tokenizer, key: str = "training.dataset_path") -> DataSource:
+def open_dataset(
+    path: Path, tokenizer: Tokenizer, key: str = "training.dataset_path"
+) -> DataSource:
     """Prepared shards (checked against the tokenizer) if `path` holds a manifest, else the text
     files under it. DatasetError, naming the path and the fix, if it cannot be trained on."""
     if is_prepared(path):
@@ -57,9 +62,17 @@ def open_dataset(path: Path, tokenizer: Tokenizer, key: str = "training.dataset_
     return list_files(path, key)
 
 
-def build_dataloader(source: DataSource, tokenizer: Tokenizer, *, seq_len: int,
-                     local_batch_size: int, dp_rank: int, dp_size: int, seed: int,
-                     text_field: str = "text") -> Any:
+def build_dataloader(
+    source: DataSource,
+    tokenizer: Tokenizer,
+    *,
+    seq_len: int,
+    local_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+    seed: int,
+    text_field: str = "text",
+) -> Any:
     """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -69,15 +82,27 @@ def build_dataloader(source: DataSource, tokenizer: Tokenizer, *, seq_len: int,
     if isinstance(source, ShardSet):
         dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
     else:
-        dataset = PackedTextDataset(source, tokenizer, seq_len, local_batch_size, dp_rank, dp_size,
-                                    seed, text_field)
+        dataset = PackedTextDataset(
+            source, tokenizer, seq_len, local_batch_size, dp_rank, dp_size, seed, text_field
+        )
     # torchdata 0.11 calls a torch API that torch now flags as deprecated: noise for users.
     warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")
     return StatefulDataLoader(dataset, batch_size=local_batch_size, num_workers=0)
 
 
 __all__ = [
-    "BUILTIN_DATASETS", "DataSource", "DatasetError", "PackedTextDataset", "ShardSet",
-    "ShardWindowDataset", "StatefulDataLoader", "Tokenizer", "TokenizerError", "build_dataloader",
-    "list_files", "open_dataset", "resolve_dataset_path", "resolve_tokenizer_path",
+    "BUILTIN_DATASETS",
+    "DataSource",
+    "DatasetError",
+    "PackedTextDataset",
+    "ShardSet",
+    "ShardWindowDataset",
+    "StatefulDataLoader",
+    "Tokenizer",
+    "TokenizerError",
+    "build_dataloader",
+    "list_files",
+    "open_dataset",
+    "resolve_dataset_path",
+    "resolve_tokenizer_path",
 ]

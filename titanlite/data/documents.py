@@ -68,7 +68,9 @@ class SkippedRecords:
             logger.warning(f"skipping malformed record {where}: {why}")
 
 
-def parse_jsonl_line(line: bytes, text_field: str, where: str, skipped: SkippedRecords) -> str | None:
+def parse_jsonl_line(
+    line: bytes, text_field: str, where: str, skipped: SkippedRecords
+) -> str | None:
     """The text of one .jsonl line; None (counted in `skipped` unless blank) if it has none."""
     if not line.strip():
         return None
@@ -83,14 +85,21 @@ def parse_jsonl_line(line: bytes, text_field: str, where: str, skipped: SkippedR
     return text
 
 
-def iter_parquet(path: Path, text_field: str, skipped: SkippedRecords, first_row: int = 0,
-                 row_groups: tuple[int, int] | None = None) -> Iterator[tuple[int, str]]:
+def iter_parquet(
+    path: Path,
+    text_field: str,
+    skipped: SkippedRecords,
+    first_row: int = 0,
+    row_groups: tuple[int, int] | None = None,
+) -> Iterator[tuple[int, str]]:
     """(row index, text) of a parquet file's rows from `first_row` (or of row groups [a, b)),
     one row group in memory at a time."""
     pf = need_pyarrow().ParquetFile(path)
     if text_field not in pf.schema_arrow.names:
-        raise DatasetError(f"{path}: no column '{text_field}' (columns: "
-                           f"{', '.join(pf.schema_arrow.names)}); set the text field to one of them")
+        raise DatasetError(
+            f"{path}: no column '{text_field}' (columns: "
+            f"{', '.join(pf.schema_arrow.names)}); set the text field to one of them"
+        )
     start, stop = row_groups or (0, pf.num_row_groups)
     row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
     for g in range(start, stop):
@@ -103,13 +112,16 @@ def iter_parquet(path: Path, text_field: str, skipped: SkippedRecords, first_row
                 if isinstance(text, str):
                     yield row, text
                 else:
-                    skipped.add(f"{path}:row {row}", f"field '{text_field}' is "
-                                f"{type(text).__name__}, not text")
+                    skipped.add(
+                        f"{path}:row {row}",
+                        f"field '{text_field}' is {type(text).__name__}, not text",
+                    )
             row += 1
 
 
-def iter_file(path: Path, text_field: str, skipped: SkippedRecords,
-              first_record: int = 0) -> Iterator[tuple[int, str]]:
+def iter_file(
+    path: Path, text_field: str, skipped: SkippedRecords, first_record: int = 0
+) -> Iterator[tuple[int, str]]:
     """(record index, text) of one file's non-empty documents, from `first_record` on."""
     if path.suffix in TEXT_SUFFIXES:
         if first_record == 0:
@@ -127,8 +139,9 @@ def iter_file(path: Path, text_field: str, skipped: SkippedRecords,
                         yield ri, text
 
 
-def iter_documents(files: list[Path], text_field: str, start_file: int, start_record: int,
-                   skipped: SkippedRecords) -> Iterator[tuple[int, int, str]]:
+def iter_documents(
+    files: list[Path], text_field: str, start_file: int, start_record: int, skipped: SkippedRecords
+) -> Iterator[tuple[int, int, str]]:
     """(file index, record index, text) from position (start_file, start_record) to the end."""
     for fi in range(start_file, len(files)):
         first = start_record if fi == start_file else 0

@@ -56,8 +56,15 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     tok: Tokenizer = _worker["tokenizer"]
     name, out_dir, skipped = f"shard_{index:05d}", Path(out), SkippedRecords()
     bin_tmp, idx_tmp = out_dir / f"{name}.bin.tmp", out_dir / f"{name}.idx.tmp"
-    entry = {"name": name, "tokens": 0, "documents": 0, "max_id": 0, "eos_count": 0,
-             "bin_crc32": 0, "idx_crc32": 0}
+    entry = {
+        "name": name,
+        "tokens": 0,
+        "documents": 0,
+        "max_id": 0,
+        "eos_count": 0,
+        "bin_crc32": 0,
+        "idx_crc32": 0,
+    }
     offsets = [0]
     dt = np.dtype(dtype).newbyteorder("<")
     texts = (t for seg in piece for t in read_segment(seg, text_field, skipped))
@@ -79,8 +86,13 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     idx = np.asarray(offsets, dtype="<u8")
     idx.tofile(idx_tmp)
     entry["idx_crc32"] = zlib.crc32(idx.data)
-    entry.update(source=[dataclasses.asdict(s) for s in piece], text_field=text_field,
-                 tokenizer=tok.fingerprint, skipped=skipped.count, skipped_examples=skipped.examples)
+    entry.update(
+        source=[dataclasses.asdict(s) for s in piece],
+        text_field=text_field,
+        tokenizer=tok.fingerprint,
+        skipped=skipped.count,
+        skipped_examples=skipped.examples,
+    )
     bin_tmp.replace(out_dir / f"{name}.bin")
     idx_tmp.replace(out_dir / f"{name}.idx")
     _write_json(out_dir / f"{name}.json", entry)  # last: the shard is complete
@@ -106,16 +118,20 @@ def _write_json(path: Path, obj: Any, indent: int | None = None) -> None:
     tmp.replace(path)
 
 
-def _finished(out: Path, index: int, piece: list[Segment], text_field: str,
-              fingerprint: str) -> dict | None:
+def _finished(
+    out: Path, index: int, piece: list[Segment], text_field: str, fingerprint: str
+) -> dict | None:
     """The shard's entry if an earlier run completed it from this same piece."""
     name = f"shard_{index:05d}"
     try:
         entry = json.loads((out / f"{name}.json").read_text())
     except (OSError, ValueError):
         return None
-    same = (entry.get("source") == [dataclasses.asdict(s) for s in piece]
-            and entry.get("text_field") == text_field and entry.get("tokenizer") == fingerprint)
+    same = (
+        entry.get("source") == [dataclasses.asdict(s) for s in piece]
+        and entry.get("text_field") == text_field
+        and entry.get("tokenizer") == fingerprint
+    )
     sizes_ok = all((out / f"{name}.{ext}").is_file() for ext in ("bin", "idx"))
     return entry if same and sizes_ok else None
 
@@ -128,7 +144,8 @@ def _refuse_other_tokenizer(out: Path, tok: Tokenizer) -> None:
             if fp != tok.fingerprint:
                 raise DatasetError(
                     f"--output {out} holds shards made with another tokenizer (fingerprint {fp}, "
-                    f"this one is {tok.fingerprint}): choose another --output, or delete it")
+                    f"this one is {tok.fingerprint}): choose another --output, or delete it"
+                )
 
 
 class Progress:
@@ -147,15 +164,28 @@ class Progress:
         self.last = now
         rate = self.tokens / max(now - self.start, 1e-9)
         eta = (now - self.start) * (self.total - self.done) / max(self.done, 1)
-        line = (f"prepare: {min(100, 100 * self.done / self.total):5.1f}%  {self.tokens:,} tokens  "
-                f"{rate:,.0f} tokens/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}")
-        print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", file=sys.stderr,
-              flush=True)
+        line = (
+            f"prepare: {min(100, 100 * self.done / self.total):5.1f}%  {self.tokens:,} tokens  "
+            f"{rate:,.0f} tokens/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+        )
+        print(
+            ("\r" if self.tty else "") + line,
+            end="" if self.tty else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def prepare(inputs: list[Path], output: Path, tokenizer_path: str = "", workers: int = 1,
-            shard_mb: float = 256, text_field: str = "text", hf: tuple | None = None,
-            quiet: bool = False) -> dict:
+def prepare(
+    inputs: list[Path],
+    output: Path,
+    tokenizer_path: str = "",
+    workers: int = 1,
+    shard_mb: float = 256,
+    text_field: str = "text",
+    hf: tuple | None = None,
+    quiet: bool = False,
+) -> dict:
     """Tokenize `inputs` (or the Hugging Face dataset `hf` = (name, config, split)) into shards
     under `output`; return the manifest. workers = 1 tokenizes in this process."""
     tok_path = resolve_tokenizer_path(tokenizer_path)
@@ -181,7 +211,10 @@ def prepare(inputs: list[Path], output: Path, tokenizer_path: str = "", workers:
         if int(stale.name[6:11]) >= len(pieces):
             stale.unlink()
     if entries and not quiet:
-        print(f"prepare: {len(entries)} of {len(pieces)} shards already done, skipped", file=sys.stderr)
+        print(
+            f"prepare: {len(entries)} of {len(pieces)} shards already done, skipped",
+            file=sys.stderr,
+        )
     progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
     args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
     if workers <= 1 or len(todo) <= 1:
@@ -211,7 +244,9 @@ class _Inline:
             self.progress.add(*item)
 
 
-def _run_pool(args: list[tuple], tok_path: str, workers: int, progress: Progress | None) -> dict[int, dict]:
+def _run_pool(
+    args: list[tuple], tok_path: str, workers: int, progress: Progress | None
+) -> dict[int, dict]:
     ctx = mp.get_context("spawn")  # fork would copy the tokenizer's Rust thread pool state
     queue = ctx.Queue()
     with ctx.Pool(min(workers, len(args)), _init_worker, (tok_path, queue, True)) as pool:
@@ -234,18 +269,31 @@ def _drain(queue: Any, progress: Progress | None, timeout: float) -> None:
         return
 
 
-def _manifest(entries: dict[int, dict], tok: Tokenizer, dtype: str, text_field: str,
-              sources: list[str]) -> dict:
+def _manifest(
+    entries: dict[int, dict], tok: Tokenizer, dtype: str, text_field: str, sources: list[str]
+) -> dict:
     ordered = [entries[i] for i in sorted(entries)]
     # The pieces' sources stay in the shards' own records: with many small files they would
     # make the manifest, which every rank reads, large.
-    shards = [{k: v for k, v in e.items() if k not in ("skipped_examples", "tokenizer", "source")}
-              for e in ordered if e["tokens"] > 0]  # a piece of only malformed records: no shard
+    shards = [
+        {k: v for k, v in e.items() if k not in ("skipped_examples", "tokenizer", "source")}
+        for e in ordered
+        if e["tokens"] > 0
+    ]  # a piece of only malformed records: no shard
     return {
-        "format": FORMAT, "version": VERSION, "dtype": dtype, "text_field": text_field,
-        "tokenizer": {"fingerprint": tok.fingerprint, "path": str(tok.path),
-                      "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
-        "sources": sources, "tokens": sum(s["tokens"] for s in shards),
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": dtype,
+        "text_field": text_field,
+        "tokenizer": {
+            "fingerprint": tok.fingerprint,
+            "path": str(tok.path),
+            "vocab_size": tok.vocab_size,
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
+        },
+        "sources": sources,
+        "tokens": sum(s["tokens"] for s in shards),
         "documents": sum(s["documents"] for s in shards),
         "skipped_records": sum(e["skipped"] for e in ordered),
         "skipped_examples": [x for e in ordered for x in e["skipped_examples"]][:5],
@@ -255,7 +303,9 @@ def _manifest(entries: dict[int, dict], tok: Tokenizer, dtype: str, text_field: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="prepare_data", description=__doc__.split("\n\n")[0])
-    ap.add_argument("inputs", nargs="*", type=Path, help=".txt/.py/.jsonl/.parquet files or folders")
+    ap.add_argument(
+        "inputs", nargs="*", type=Path, help=".txt/.py/.jsonl/.parquet files or folders"
+    )
     ap.add_argument("--output", type=Path, help="folder for the shards and manifest")
     ap.add_argument("--tokenizer", default="", help="tokenizer.json (or folder); '' = built-in")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
@@ -264,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-dataset", help="a Hugging Face dataset name (needs `datasets`)")
     ap.add_argument("--hf-config", default=None)
     ap.add_argument("--hf-split", default="train")
-    ap.add_argument("--verify", type=Path, help="check the checksums of a prepared dataset, and exit")
+    ap.add_argument(
+        "--verify", type=Path, help="check the checksums of a prepared dataset, and exit"
+    )
     a = ap.parse_args(argv)
     if a.verify:
         return verify(a.verify)
@@ -274,15 +326,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give input files/folders or --hf-dataset (one of them)")
     start = time.perf_counter()
     try:
-        m = prepare(a.inputs, a.output, a.tokenizer, a.workers, a.shard_mb, a.text_field,
-                    (a.hf_dataset, a.hf_config, a.hf_split) if a.hf_dataset else None)
+        m = prepare(
+            a.inputs,
+            a.output,
+            a.tokenizer,
+            a.workers,
+            a.shard_mb,
+            a.text_field,
+            (a.hf_dataset, a.hf_config, a.hf_split) if a.hf_dataset else None,
+        )
     except (DatasetError, TokenizerError) as e:
         print(f"prepare: error: {e}", file=sys.stderr)
         return 2
     took = time.perf_counter() - start
-    print(f"prepare: {m['tokens']:,} tokens, {m['documents']:,} documents in {len(m['shards'])} "
-          f"{m['dtype']} shards at {a.output / MANIFEST} ({took:.1f}s; {m['skipped_records']} "
-          "malformed records skipped)")
+    print(
+        f"prepare: {m['tokens']:,} tokens, {m['documents']:,} documents in {len(m['shards'])} "
+        f"{m['dtype']} shards at {a.output / MANIFEST} ({took:.1f}s; {m['skipped_records']} "
+        "malformed records skipped)"
+    )
     return 0
 
 
@@ -296,9 +357,11 @@ def verify(path: Path) -> int:
     for p in problems:
         print(f"  - {p}")
     m = shards.manifest
-    print(f"{shards.manifest_file}: {f'{len(problems)} problem(s)' if problems else 'OK'} "
-          f"({len(shards.shards)} shards, {shards.total_tokens:,} {m['dtype']} tokens, "
-          f"{m['documents']:,} documents, tokenizer {m['tokenizer']['fingerprint']})")
+    print(
+        f"{shards.manifest_file}: {f'{len(problems)} problem(s)' if problems else 'OK'} "
+        f"({len(shards.shards)} shards, {shards.total_tokens:,} {m['dtype']} tokens, "
+        f"{m['documents']:,} documents, tokenizer {m['tokenizer']['fingerprint']})"
+    )
     return 1 if problems else 0
 
 

@@ -65,8 +65,16 @@ def plan_files(files: list[Path], target_bytes: int) -> list[list[Segment]]:
         if f.suffix in PARQUET_SUFFIXES:
             meta = need_pyarrow().ParquetFile(f).metadata
             for g in range(meta.num_row_groups):
-                add(Segment("parquet", str(f), g, g + 1, **stamp,
-                            nbytes=meta.row_group(g).total_byte_size))
+                add(
+                    Segment(
+                        "parquet",
+                        str(f),
+                        g,
+                        g + 1,
+                        **stamp,
+                        nbytes=meta.row_group(g).total_byte_size,
+                    )
+                )
         elif f.suffix in JSONL_SUFFIXES:
             for start, stop, line in _jsonl_ranges(f, target_bytes):
                 add(Segment("jsonl", str(f), start, stop, line, **stamp, nbytes=stop - start))
@@ -100,9 +108,20 @@ def plan_hf(name: str, config: str | None, split: str, target_bytes: int) -> lis
     ds = _hf_dataset(name, config, split)
     rows, nbytes = len(ds), max(1, int(getattr(ds.data, "nbytes", 0) or 1))
     per = max(1, int(rows * target_bytes / nbytes)) if nbytes > 1 else 10_000
-    return [[Segment("hf", name, a, min(rows, a + per), hf_config=config, hf_split=split,
-                     nbytes=nbytes * (min(rows, a + per) - a) // max(rows, 1))]
-            for a in range(0, rows, per)]
+    return [
+        [
+            Segment(
+                "hf",
+                name,
+                a,
+                min(rows, a + per),
+                hf_config=config,
+                hf_split=split,
+                nbytes=nbytes * (min(rows, a + per) - a) // max(rows, 1),
+            )
+        ]
+        for a in range(0, rows, per)
+    ]
 
 
 _HF_CACHE: dict[tuple, Any] = {}
@@ -114,7 +133,9 @@ def _hf_dataset(name: str, config: str | None, split: str) -> Any:
         try:
             import datasets
         except ImportError:
-            raise DatasetError("--hf-dataset needs the datasets library: pip install datasets") from None
+            raise DatasetError(
+                "--hf-dataset needs the datasets library: pip install datasets"
+            ) from None
         _HF_CACHE[key] = datasets.load_dataset(name, config, split=split)
     return _HF_CACHE[key]
 
@@ -125,7 +146,9 @@ def read_segment(seg: Segment, text_field: str, skipped: SkippedRecords) -> Iter
         for _, text in iter_file(Path(seg.path), text_field, skipped):
             yield text
     elif seg.kind == "parquet":
-        for _, text in iter_parquet(Path(seg.path), text_field, skipped, row_groups=(seg.start, seg.stop)):
+        for _, text in iter_parquet(
+            Path(seg.path), text_field, skipped, row_groups=(seg.start, seg.stop)
+        ):
             yield text
     elif seg.kind == "jsonl":
         with open(seg.path, "rb") as f:
@@ -141,7 +164,7 @@ def read_segment(seg: Segment, text_field: str, skipped: SkippedRecords) -> Iter
     else:
         ds = _hf_dataset(seg.path, seg.hf_config, seg.hf_split)
         for a in range(seg.start, seg.stop, _HF_ROWS):
-            for i, text in enumerate(ds[a:min(seg.stop, a + _HF_ROWS)][text_field]):
+            for i, text in enumerate(ds[a : min(seg.stop, a + _HF_ROWS)][text_field]):
                 if isinstance(text, str):
                     yield text
                 else:

@@ -26,8 +26,10 @@ from titanlite.data.rank_split import RankSplit
 from titanlite.data.shards import ShardSet
 
 _M64 = (1 << 64) - 1
-_NOT_RESUMABLE = ("resume with the saving run's, or start the loader afresh with "
-                  "--checkpoint.exclude_from_loading dataloader")
+_NOT_RESUMABLE = (
+    "resume with the saving run's, or start the loader afresh with "
+    "--checkpoint.exclude_from_loading dataloader"
+)
 
 
 def _mix(x: int) -> int:
@@ -47,7 +49,7 @@ class WindowOrder:
         self.n, self.half = n, (bits + 1) // 2
         self.mask = (1 << self.half) - 1
         digest = hashlib.sha256(f"titanlite-windows:{seed}:{epoch}".encode()).digest()
-        self.keys = [int.from_bytes(digest[8 * i:8 * i + 8], "little") for i in range(4)]
+        self.keys = [int.from_bytes(digest[8 * i : 8 * i + 8], "little") for i in range(4)]
 
     def __call__(self, i: int) -> int:
         while True:
@@ -62,14 +64,22 @@ class WindowOrder:
 class ShardWindowDataset(IterableDataset):
     """Windows of seq_len + 1 tokens for one data-parallel rank; stateful for exact resume."""
 
-    def __init__(self, shards: ShardSet, seq_len: int, local_batch_size: int, dp_rank: int,
-                 dp_size: int, seed: int = 0):
+    def __init__(
+        self,
+        shards: ShardSet,
+        seq_len: int,
+        local_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int = 0,
+    ):
         self.shards, self.seq_len, self.seed = shards, seq_len, seed
         self.windows = shards.num_windows(seq_len)
         if self.windows == 0:
             raise DatasetError(
                 f"{shards.key}: {shards.manifest_file} holds {shards.total_tokens} tokens, fewer "
-                f"than one window of seq_len + 1 = {seq_len + 1}; prepare more data")
+                f"than one window of seq_len + 1 = {seq_len + 1}; prepare more data"
+            )
         self.local_batch_size, self.dp_rank, self.dp_size = local_batch_size, dp_rank, dp_size
         self.split = RankSplit(local_batch_size, dp_rank, dp_size)
         self.read = 0  # windows this rank has yielded since the split's base
@@ -91,24 +101,34 @@ class ShardWindowDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         consumed = self.split.consumed(self.read)
         # Between micro-batches: the same on every rank (DCP keeps one copy), and layout-free.
-        return {"consumed": consumed, "partial": self.read % self.local_batch_size,
-                "epoch": consumed // self.windows, "seed": self.seed,
-                "seq_len": self.seq_len, "windows_per_epoch": self.windows,
-                "dataset": self.shards.fingerprint}
+        return {
+            "consumed": consumed,
+            "partial": self.read % self.local_batch_size,
+            "epoch": consumed // self.windows,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "windows_per_epoch": self.windows,
+            "dataset": self.shards.fingerprint,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         where = "the checkpoint's data loader position"
         if state["dataset"] != self.shards.fingerprint:
-            raise DatasetError(f"{where} is in another prepared dataset (fingerprint "
-                               f"{state['dataset']}, {self.shards.manifest_file} is "
-                               f"{self.shards.fingerprint}): {_NOT_RESUMABLE}")
+            raise DatasetError(
+                f"{where} is in another prepared dataset (fingerprint "
+                f"{state['dataset']}, {self.shards.manifest_file} is "
+                f"{self.shards.fingerprint}): {_NOT_RESUMABLE}"
+            )
         if state["seq_len"] != self.seq_len:
-            raise DatasetError(f"{where} counts windows of training.seq_len = {state['seq_len']}, "
-                               f"this run has {self.seq_len}: {_NOT_RESUMABLE}")
+            raise DatasetError(
+                f"{where} counts windows of training.seq_len = {state['seq_len']}, "
+                f"this run has {self.seq_len}: {_NOT_RESUMABLE}"
+            )
         # The saving run's seed keeps the stream the same even if this run drew another.
         self.seed, self._order = int(state["seed"]), None
-        self.split = RankSplit(self.local_batch_size, self.dp_rank, self.dp_size,
-                               int(state["consumed"]))
+        self.split = RankSplit(
+            self.local_batch_size, self.dp_rank, self.dp_size, int(state["consumed"])
+        )
         # Windows read of an unfinished micro-batch (never, in training): exact with the saving
         # layout only.
         self.read = int(state.get("partial", 0))

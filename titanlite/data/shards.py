@@ -56,8 +56,10 @@ def read_manifest(path: Path, key: str = "training.dataset_path") -> dict[str, A
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DatasetError(f"{key}: {path} is not a titanlite shard manifest; {_REPREPARE}")
     if m.get("version") != VERSION:
-        raise DatasetError(f"{key}: {path} has format version {m.get('version')}, this titanlite "
-                           f"reads version {VERSION}; {_REPREPARE}")
+        raise DatasetError(
+            f"{key}: {path} has format version {m.get('version')}, this titanlite "
+            f"reads version {VERSION}; {_REPREPARE}"
+        )
     return m
 
 
@@ -70,8 +72,10 @@ class ShardSet:
         self.manifest = read_manifest(self.manifest_file, key)
         self.shards: list[dict[str, Any]] = self.manifest["shards"]
         if self.manifest["dtype"] not in ("uint16", "uint32"):
-            raise DatasetError(f"{key}: {self.manifest_file}: dtype {self.manifest['dtype']!r} is "
-                               f"not uint16/uint32; {_REPREPARE}")
+            raise DatasetError(
+                f"{key}: {self.manifest_file}: dtype {self.manifest['dtype']!r} is "
+                f"not uint16/uint32; {_REPREPARE}"
+            )
         self.dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
         self.starts = [0]  # global offset of each shard's first token, then the total
         for s in self.shards:
@@ -109,7 +113,7 @@ class ShardSet:
         while need > 0:
             local = start - self.starts[i]
             take = min(need, self.shards[i]["tokens"] - local)
-            pieces.append(self._map(i)[local:local + take])
+            pieces.append(self._map(i)[local : local + take])
             start, need, i = start + take, need - take, i + 1
         return np.concatenate(pieces) if len(pieces) > 1 else np.array(pieces[0])
 
@@ -139,7 +143,8 @@ class ShardSet:
                 f"{where} was prepared with another tokenizer ({tok['path']}, fingerprint "
                 f"{tok['fingerprint']}) than this run's {tokenizer_path} ({tokenizer_fingerprint}); "
                 "set model.tokenizer_path to the one it was prepared with, or prepare the data "
-                "again with this one")
+                "again with this one"
+            )
         if not self.shards or self.total_tokens == 0:
             raise DatasetError(f"{where} lists no tokens; {_REPREPARE} from a non-empty corpus")
         for i, s in enumerate(self.shards):
@@ -150,16 +155,22 @@ class ShardSet:
         fix = f"{self.key}: shard {path}"
         if s["tokens"] <= 0:
             raise DatasetError(f"{fix} is empty in the manifest; {_REPREPARE}")
-        for file, want in ((path, s["tokens"] * self.dtype.itemsize),
-                           (self.idx_path(i), (s["documents"] + 1) * 8)):
+        for file, want in (
+            (path, s["tokens"] * self.dtype.itemsize),
+            (self.idx_path(i), (s["documents"] + 1) * 8),
+        ):
             size = file.stat().st_size if file.is_file() else None
             if size != want:
                 got = "is missing" if size is None else f"has {size} bytes"
-                raise DatasetError(f"{self.key}: shard file {file} {got}, the manifest says {want} "
-                                   f"({self.manifest['dtype']}); {_REPREPARE}")
+                raise DatasetError(
+                    f"{self.key}: shard file {file} {got}, the manifest says {want} "
+                    f"({self.manifest['dtype']}); {_REPREPARE}"
+                )
         if s["max_id"] >= vocab_size:
-            raise DatasetError(f"{fix} holds token id {s['max_id']}, beyond the model's vocabulary "
-                               f"of {vocab_size}; prepare it with this run's tokenizer")
+            raise DatasetError(
+                f"{fix} holds token id {s['max_id']}, beyond the model's vocabulary "
+                f"of {vocab_size}; prepare it with this run's tokenizer"
+            )
         if s["eos_count"] <= 0:
             raise DatasetError(f"{fix} holds no EOS token (id {eos}); {_REPREPARE}")
         data = self._map(i)
@@ -168,7 +179,8 @@ class ShardSet:
             raise DatasetError(
                 f"{fix} does not read as {self.manifest['dtype']} documents (first id {data[0]}, "
                 f"last {data[-1]}, expected BOS {bos} ... EOS {eos}, ids < {vocab_size}); "
-                f"{_REPREPARE}")
+                f"{_REPREPARE}"
+            )
 
     def verify_checksums(self, indices: list[int] | None = None) -> list[str]:
         """Shards whose files do not match the manifest's CRC32 (the slow check: reads every
@@ -180,10 +192,15 @@ class ShardSet:
         problems = []
         for i in range(len(self.shards)) if indices is None else indices:
             s = self.shards[i]
-            for path, want in ((self.bin_path(i), s["bin_crc32"]), (self.idx_path(i), s["idx_crc32"])):
+            for path, want in (
+                (self.bin_path(i), s["bin_crc32"]),
+                (self.idx_path(i), s["idx_crc32"]),
+            ):
                 if not path.is_file():
                     problems.append(f"shard file {path} is missing; {_REPREPARE}")
                 elif file_crc32(path) != want:
-                    problems.append(f"shard file {path} is corrupted (CRC32 differs from the "
-                                    f"manifest's); {_REPREPARE}")
+                    problems.append(
+                        f"shard file {path} is corrupted (CRC32 differs from the "
+                        f"manifest's); {_REPREPARE}"
+                    )
         return problems

@@ -10,6 +10,7 @@ same on every rank (and resumes onto another degree exactly).
 The price is that each rank tokenizes the whole stream; the Rust tokenizer's batched encoding
 keeps that far below a training step's time at the scales this reader is meant for.
 """
+
 from __future__ import annotations
 
 import random
@@ -30,8 +31,17 @@ _TOKENIZE_BATCH_CHARS = 1 << 18  # text gathered per encode_batch call
 class PackedTextDataset(IterableDataset):
     """Windows of seq_len + 1 tokens for one data-parallel rank; stateful for exact resume."""
 
-    def __init__(self, files: list[Path], tokenizer: Tokenizer, seq_len: int, local_batch_size: int,
-                 dp_rank: int, dp_size: int, seed: int = 0, text_field: str = "text"):
+    def __init__(
+        self,
+        files: list[Path],
+        tokenizer: Tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int = 0,
+        text_field: str = "text",
+    ):
         self.files, self.tokenizer, self.seq_len, self.seed = files, tokenizer, seq_len, seed
         self.local_batch_size, self.dp_rank, self.dp_size = local_batch_size, dp_rank, dp_size
         self.text_field = text_field
@@ -57,8 +67,9 @@ class PackedTextDataset(IterableDataset):
             from_start = (self.file_idx, self.record_idx) == (0, 0)
             got_any = False
             files = self._epoch_files()
-            for fi, ri, text in iter_documents(files, self.text_field, self.file_idx,
-                                               self.record_idx, self.skipped):
+            for fi, ri, text in iter_documents(
+                files, self.text_field, self.file_idx, self.record_idx, self.skipped
+            ):
                 got_any = True
                 texts.append(text)
                 size += len(text)
@@ -102,9 +113,16 @@ class PackedTextDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         # Plain data only (a list, not a tensor): its length varies, and DCP loads tensors in
         # place into a template of the saved size, which a fresh loader cannot provide.
-        return {"epoch": self.epoch, "file_idx": self.file_idx, "record_idx": self.record_idx,
-                "buffer": list(self.buffer), "window_idx": self.window_idx,
-                "skipped": self.skipped.count, "seed": self.seed, "base": self.split.base}
+        return {
+            "epoch": self.epoch,
+            "file_idx": self.file_idx,
+            "record_idx": self.record_idx,
+            "buffer": list(self.buffer),
+            "window_idx": self.window_idx,
+            "skipped": self.skipped.count,
+            "seed": self.seed,
+            "base": self.split.base,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.file_idx = state["epoch"], state["file_idx"]
@@ -118,8 +136,12 @@ class PackedTextDataset(IterableDataset):
         # inside a micro-batch resumes exactly with the saving layout only.
         base = state.get("base", 0)
         at_boundary = (self.window_idx - base) % self.split.chunk == 0
-        self.split = RankSplit(self.local_batch_size, self.dp_rank, self.dp_size,
-                               self.window_idx if at_boundary else base)
+        self.split = RankSplit(
+            self.local_batch_size,
+            self.dp_rank,
+            self.dp_size,
+            self.window_idx if at_boundary else base,
+        )
 
 
 def read_stream(files: list[Path], tokenizer: Tokenizer, text_field: str = "text") -> list[int]:

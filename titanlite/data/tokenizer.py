@@ -8,11 +8,16 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-BUILTIN_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer" / "tokenizer.json"
+BUILTIN_TOKENIZER = (
+    Path(__file__).resolve().parent.parent / "assets" / "tokenizer" / "tokenizer.json"
+)
 
 # Special-token names by convention, tried when no tokenizer_config.json says otherwise.
-_KNOWN_PAIRS = [("<|begin_of_text|>", "<|end_of_text|>"), ("<s>", "</s>"),
-                ("<|endoftext|>", "<|endoftext|>")]
+_KNOWN_PAIRS = [
+    ("<|begin_of_text|>", "<|end_of_text|>"),
+    ("<s>", "</s>"),
+    ("<|endoftext|>", "<|endoftext|>"),
+]
 
 
 class TokenizerError(ValueError):
@@ -55,8 +60,12 @@ class Tokenizer:
                 return v.get("content") if isinstance(v, dict) else v  # type: ignore[return-value]
 
             bos, eos = name(cfg.get("bos_token")), name(cfg.get("eos_token"))
-            if bos and eos and self._tok.token_to_id(bos) is not None \
-                    and self._tok.token_to_id(eos) is not None:
+            if (
+                bos
+                and eos
+                and self._tok.token_to_id(bos) is not None
+                and self._tok.token_to_id(eos) is not None
+            ):
                 return bos, eos
         for bos, eos in _KNOWN_PAIRS:
             if self._tok.token_to_id(bos) is not None and self._tok.token_to_id(eos) is not None:
