@@ -1,29 +1,6 @@
-"""Model definitions, free of any parallelism code, and a registry by `model.name`."""
+"""Model definitions, free of any parallelism code. Each family exposes a `ModelSpec`;
+titanlite/families.py pairs it with the family's parallelize function."""
 
-from __future__ import annotations
+from models.spec import ModelSpec, TrainableModel
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-from models import llama
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    flavors: dict[str, Any]
-    model_cls: type
-    num_params: Callable[..., int]
-    training_flops_per_token: Callable[[Any, int], int]
-
-
-MODELS: dict[str, ModelSpec] = {
-    "llama3": ModelSpec(
-        "llama3",
-        llama.FLAVORS,
-        llama.Transformer,
-        llama.num_params,
-        llama.training_flops_per_token,
-    ),
-}
+__all__ = ["ModelSpec", "TrainableModel"]

@@ -1,14 +1,13 @@
-"""Parallelisms, one module each, composed per model family by `parallelize_<model>.py`."""
+"""Parallelisms, one module each, composed per model family (`parallelisms/<family>/`).
 
+Which family uses which parallelize function is recorded once, in titanlite/families.py."""
+
+from parallelisms.llama import parallelize_llama
+from parallelisms.options import ParallelizeOptions
 from parallelisms.parallel_dims import LayoutError, Meshes, ParallelDims, check_layout
-from parallelisms.parallelize_llama import ParallelizeOptions, parallelize_llama
 from parallelisms.tensor_parallel import loss_context
 
-# Model family name (models.MODELS) -> the function that parallelizes it.
-PARALLELIZE_FNS = {"llama3": parallelize_llama}
-
 __all__ = [
-    "PARALLELIZE_FNS",
     "LayoutError",
     "Meshes",
     "ParallelDims",

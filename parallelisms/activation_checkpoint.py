@@ -26,7 +26,7 @@ _SAVE = {
 
 
 def _op_policy_context():
-    counts: dict[str, int] = defaultdict(int)
+    counts = defaultdict[str, int](int)
 
     def policy(ctx, func, *args, **kwargs):
         mode = "recompute" if ctx.is_recompute else "forward"

@@ -22,6 +22,13 @@ class Meshes:
     ddp: DeviceMesh | None  # pure replication
     tp: DeviceMesh | None
 
+    def get(self, name: str) -> DeviceMesh:
+        """The submesh `name`, for a parallelism its layout has enabled."""
+        mesh = getattr(self, name)
+        if mesh is None:
+            raise ValueError(f"no {name} submesh in this layout")
+        return mesh
+
 
 class LayoutError(ValueError):
     """An impossible parallel layout; the message names the setting and the fix."""

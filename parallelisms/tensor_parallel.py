@@ -1,11 +1,6 @@
-"""Megatron-style tensor parallel with sequence parallel, expressed as DTensor plans.
-
-Inside a block: q/k/v and w1/w3 are split column-wise (each rank owns whole heads / a slice of
-the hidden units), wo and w2 row-wise, so a block costs one all-gather in and one reduce-scatter
-out. Between blocks activations stay sharded on the sequence dim (the RMSNorms run on their
-shard). The output head is column-wise; with loss parallel the logits stay sharded over the
-vocabulary and cross-entropy runs on the shards.
-"""
+"""Tensor-parallel building blocks shared by every model family: the DTensor styles (plain or
+torchao's float8 ones), async TP and the loss-parallel context. Each family's TP plan (which
+module gets which style) lives with its parallelize code, e.g. parallelisms/llama/."""
 
 from __future__ import annotations
 
@@ -13,76 +8,29 @@ import contextlib
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
     RowwiseParallel,
-    SequenceParallel,
     loss_parallel,
-    parallelize_module,
 )
 
 
-def apply_tp(
-    model: nn.Module,
-    blocks: list[nn.Module],
-    tp_mesh: DeviceMesh,
-    *,
-    loss_parallel_enabled: bool,
-    float8_all_gather: bool = False,
-) -> None:
-    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output).
+def tp_styles(module: nn.Module, float8_all_gather: bool) -> tuple[type, type, type]:
+    """(colwise, rowwise, prepare_input) styles for `module`: torchao's float8 ones when
+    float8 all-gather is on and every Linear inside is a Float8Linear (they cast activations
+    before the all-gather, halving its bytes), else DTensor's."""
+    if float8_all_gather and _all_float8(module):
+        from parallelisms.float8 import float8_tp_styles
 
-    With `float8_all_gather`, blocks whose Linear layers are all Float8Linear get torchao's
-    float8 styles: activations are cast before the all-gather, halving its bytes."""
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(
-                input_layouts=Shard(1),
-                output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
-                use_local_output=not loss_parallel_enabled,
-            ),
-        },
-    )
-    for block in blocks:
-        colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
-        if float8_all_gather and _all_float8(block):
-            from parallelisms.float8 import float8_tp_styles
-
-            colwise, rowwise, prepare_input = float8_tp_styles()
-        parallelize_module(
-            block,
-            tp_mesh,
-            {
-                "attention_norm": SequenceParallel(),
-                # The second input (RoPE rotations) is the same on every rank: leave it alone.
-                "attention": prepare_input(
-                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-                ),
-                "attention.wq": colwise(),
-                "attention.wk": colwise(),
-                "attention.wv": colwise(),
-                "attention.wo": rowwise(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": prepare_input(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                ),
-                "feed_forward.w1": colwise(),
-                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-                "feed_forward.w3": colwise(),
-            },
-        )
+        return float8_tp_styles()
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput
 
 
-def _all_float8(block: nn.Module) -> bool:
+def _all_float8(module: nn.Module) -> bool:
     from parallelisms.float8 import is_float8_linear
 
-    linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
     return bool(linears) and all(is_float8_linear(m) for m in linears)
 
 

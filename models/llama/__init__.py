@@ -1,4 +1,7 @@
 from models.llama.args import FLAVORS, LlamaArgs, num_params, training_flops_per_token
 from models.llama.model import Transformer
+from models.spec import ModelSpec
 
-__all__ = ["FLAVORS", "LlamaArgs", "Transformer", "num_params", "training_flops_per_token"]
+SPEC = ModelSpec("llama3", FLAVORS, Transformer, num_params, training_flops_per_token)
+
+__all__ = ["FLAVORS", "SPEC", "LlamaArgs", "Transformer", "num_params", "training_flops_per_token"]

@@ -4,6 +4,7 @@ TorchTitan; 8B/70B/405B are the published Llama 3.1 shapes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class LlamaArgs:
             d["rope_scaling"] = (float(factor), float(low), float(high), int(ctx))
         return cls(**d)
 
-    def with_overrides(self, **overrides: object) -> LlamaArgs:
+    def with_overrides(self, **overrides: Any) -> LlamaArgs:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def check(self) -> None:

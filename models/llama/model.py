@@ -9,6 +9,7 @@ work unchanged, and every sub-module has a stable name (`attention.wq`, `feed_fo
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +139,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    freqs_cis: torch.Tensor
+
     def __init__(self, args: LlamaArgs):
         super().__init__()
         args.check()
@@ -169,7 +172,7 @@ class Transformer(nn.Module):
         self.freqs_cis = rope_frequencies(self.args, self.args.max_seq_len, device)
         fill_trunc_normal_(self.tok_embeddings.weight, 1.0, seed, "tok_embeddings", cutoff=None)
         for i, layer in self.layers.items():
-            layer.init_weights(f"layers.{i}", seed)
+            cast(TransformerBlock, layer).init_weights(f"layers.{i}", seed)
         self.norm.init_weights()
         std = self.args.dim**-0.5
         fill_trunc_normal_(self.output.weight, std, seed, "output", cutoff=3 * std)

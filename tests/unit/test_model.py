@@ -3,7 +3,6 @@ import math
 import pytest
 import torch
 
-from models import MODELS
 from models.llama import FLAVORS, LlamaArgs, Transformer, num_params, training_flops_per_token
 from models.llama.model import Attention, apply_rope, rope_frequencies
 
@@ -167,8 +166,16 @@ def test_init_statistics():
     assert torch.equal(model.norm.weight, torch.ones(256))
 
 
-def test_registry():
-    assert MODELS["llama3"].model_cls is Transformer
+def test_family_registry_is_the_config_choices():
+    from parallelisms import parallelize_llama
+    from titanlite.config_schema import Model
+    from titanlite.families import FAMILIES
+
+    assert FAMILIES["llama3"].model.model_cls is Transformer
+    assert FAMILIES["llama3"].parallelize is parallelize_llama
+    # model.name's choices are written out in the schema (importing the families would import
+    # torch into every config load): they must be exactly the registered families.
+    assert set(Model.__dataclass_fields__["name"].metadata["choices"]) == set(FAMILIES)
 
 
 @pytest.mark.parametrize("ac", ["none", "full", "selective_op"])

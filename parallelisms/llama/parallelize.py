@@ -10,34 +10,19 @@ Knows the model only through its public structure: `layers` (a ModuleDict of blo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import cast
 
-import torch
 from torch import nn
 
 from parallelisms.activation_checkpoint import apply_ac
 from parallelisms.compile import apply_compile
 from parallelisms.ddp import apply_ddp
-from parallelisms.float8 import ConversionPlan, Float8Options, convert_to_float8, uses_float8_tp
+from parallelisms.float8 import ConversionPlan, convert_to_float8, uses_float8_tp
 from parallelisms.fsdp import apply_fsdp
+from parallelisms.llama.tensor_parallel import apply_tp
+from parallelisms.options import ParallelizeOptions
 from parallelisms.parallel_dims import Meshes, ParallelDims
-from parallelisms.tensor_parallel import apply_tp, enable_async_tp
-
-
-@dataclass(frozen=True)
-class ParallelizeOptions:
-    """The knobs of parallelize_llama, gathered by the trainer from the config sections."""
-
-    loss_parallel: bool = True
-    async_tp: bool = False
-    ac_mode: str = "none"
-    ac_option: str = "op"
-    compile: bool = False
-    param_dtype: torch.dtype = torch.float32
-    reduce_dtype: torch.dtype = torch.float32
-    reshard_after_forward: str = "default"
-    cpu_offload: bool = False
-    float8: Float8Options | None = None
+from parallelisms.tensor_parallel import enable_async_tp
 
 
 def parallelize_llama(
@@ -45,13 +30,14 @@ def parallelize_llama(
 ) -> ConversionPlan | None:
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
     float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
+    layers = cast(nn.ModuleDict, model.layers)
 
     if dims.tp_enabled:
         float8_tp = uses_float8_tp(opts.float8)
         apply_tp(
             model,
-            list(model.layers.values()),
-            meshes.tp,
+            list(layers.values()),
+            meshes.get("tp"),
             loss_parallel_enabled=opts.loss_parallel,
             float8_all_gather=float8_tp,
         )
@@ -62,27 +48,25 @@ def parallelize_llama(
                 else "TP all-gathers stay high precision (rowwise recipe, or a backend without float8)"
             )
         if opts.async_tp:
-            enable_async_tp(meshes.tp)
+            enable_async_tp(meshes.get("tp"))
 
     if opts.ac_mode != "none":
-        for name, block in apply_ac(
-            dict(model.layers.items()), opts.ac_mode, opts.ac_option
-        ).items():
-            model.layers.register_module(name, block)
+        for name, block in apply_ac(dict(layers.items()), opts.ac_mode, opts.ac_option).items():
+            layers.register_module(name, block)
 
     if opts.compile:
-        apply_compile(list(model.layers.values()), graphs_hold_collectives=dims.tp_enabled)
+        apply_compile(list(layers.values()), graphs_hold_collectives=dims.tp_enabled)
 
     if dims.fsdp_enabled:
         apply_fsdp(
             model,
-            list(model.layers.values()),
-            meshes.fsdp,
+            list(layers.values()),
+            meshes.get("fsdp"),
             param_dtype=opts.param_dtype,
             reduce_dtype=opts.reduce_dtype,
             reshard_after_forward=opts.reshard_after_forward,
             cpu_offload=opts.cpu_offload,
         )
     elif dims.ddp_enabled:
-        apply_ddp(model, meshes.ddp)
+        apply_ddp(model, meshes.get("ddp"))
     return float8_plan

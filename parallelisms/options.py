@@ -1,0 +1,24 @@
+"""The knobs every family's parallelize function takes, gathered from the config sections by
+titanlite/build.py (parallelisms never see the job config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parallelisms.float8 import Float8Options
+
+
+@dataclass(frozen=True)
+class ParallelizeOptions:
+    loss_parallel: bool = True
+    async_tp: bool = False
+    ac_mode: str = "none"
+    ac_option: str = "op"
+    compile: bool = False
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+    reshard_after_forward: str = "default"
+    cpu_offload: bool = False
+    float8: Float8Options | None = None

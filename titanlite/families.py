@@ -1,0 +1,41 @@
+"""The one registry of model families: `model.name` -> the model spec and the function that
+parallelizes it. It lives here, above both `models/` (which knows nothing of parallelism) and
+`parallelisms/` (which knows models only through their public structure), so that the two halves
+of a family cannot disagree. A new family adds one record (and, once pipeline parallel lands,
+its stage-split function)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from models import ModelSpec, llama
+from parallelisms import Meshes, ParallelDims, ParallelizeOptions, parallelize_llama
+from parallelisms.float8 import ConversionPlan
+
+ParallelizeFn = Callable[
+    [nn.Module, ParallelDims, Meshes, ParallelizeOptions], ConversionPlan | None
+]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    model: ModelSpec
+    # In place, in the order float8 -> TP -> AC -> compile -> FSDP/DDP; returns the float8 plan.
+    parallelize: ParallelizeFn
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    f.name: f for f in (ModelFamily(llama.SPEC, parallelize_llama),)
+}
+
+
+def get_family(name: str) -> ModelFamily:
+    # config_schema restricts model.name to these names, so a miss is a bug, not a user error.
+    return FAMILIES[name]
