@@ -175,9 +175,9 @@ def run_one(name: str, steps: int, rounds: int, warmup: int, threads: int) -> di
                 # A B, then B A: a load that rises or falls over the run hits both sides alike.
                 if r % 2:
                     wall_b, cpu_b = timed(bare_step, steps)
-                d0 = trainer.metrics.data_time
+                d0 = trainer.clock.totals["data"]
                 wall_t, cpu_t = timed(titan_step, steps)
-                data_s.append((trainer.metrics.data_time - d0) / steps)
+                data_s.append((trainer.clock.totals["data"] - d0) / steps)
                 if not r % 2:
                     wall_b, cpu_b = timed(bare_step, steps)
                 titan_tps.append(steps * tokens_per_step / wall_t)

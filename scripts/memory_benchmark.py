@@ -62,11 +62,11 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
     """On this rank: build, take one step, count local bytes (process group already up)."""
     import torch
 
-    from models import MODELS
     from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
     from titanlite import preflight
+    from titanlite.build import cross_entropy_loss
+    from titanlite.families import get_family
     from titanlite.optim import build_optimizer, clip_grad_norm_
-    from titanlite.train import cross_entropy_loss
 
     with tempfile.TemporaryDirectory(prefix="titanlite-mem-") as dump:
         # preflight resolves the model args (vocab from the bundled tokenizer) exactly as the
@@ -90,7 +90,7 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
     dims = ParallelDims.resolve(1, -1, tp, world)
     meshes = dims.build_meshes("cpu")
     with torch.device("meta"):
-        model = MODELS[job.model.name].model_cls(pre.model_args)
+        model = get_family(job.model.name).model.model_cls(pre.model_args)
     parallelize_llama(model, dims, meshes, ParallelizeOptions())
     model.to_empty(device=torch.device("cpu"))
     model.init_weights(0, buffer_device=torch.device("cpu"))
@@ -118,7 +118,7 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
         "optimizer": sum(
             local_bytes(v) for state in optimizer.state.values() for v in state.values()
         ),
-        "n_params": MODELS[job.model.name].num_params(pre.model_args),
+        "n_params": get_family(job.model.name).model.num_params(pre.model_args),
     }
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from models.llama import LlamaArgs
 from titanlite import config as config_lib
 from titanlite.activation_memory import estimate_activations
 from titanlite.config_schema import JobConfig
@@ -56,22 +57,18 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     }
 
 
-def fsdp_transient_bytes(args, tp: int, param_bytes: int, reduce_bytes: int) -> int:
+def fsdp_transient_bytes(
+    args: LlamaArgs, tp: int, n_params: int, param_bytes: int, reduce_bytes: int
+) -> int:
     """What FSDP2 holds unsharded at its peak (end of backward): the root's parameters
     (embeddings, final norm, head: not resharded after forward), two blocks' parameters (the one
     computing and the one prefetched), and the largest unsharded gradient awaiting its
     reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
     root = 2 * args.vocab_size * args.dim + args.dim
-    block = args.n_layers and (_num_params(args) - root) // args.n_layers
+    block = args.n_layers and (n_params - root) // args.n_layers
     return int(
         (root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp
     )
-
-
-def _num_params(args) -> int:
-    from models.llama import num_params
-
-    return num_params(args)
 
 
 def _create_optimizer_state(
@@ -101,7 +98,7 @@ def _create_optimizer_state(
                 "foreach": True,
             }
         )
-    twin = type(optimizer)(groups)
+    twin = type(optimizer)(groups)  # type: ignore[call-arg]  # AdamW/Adam: defaults optional
     twin.step()
     return twin
 
@@ -152,7 +149,7 @@ class Plan:
             f"  -> {verdict}"
         )
         if not self.fits:
-            top = max(self.bytes, key=self.bytes.get)
+            top = max(self.bytes, key=lambda name: self.bytes[name])
             lines.append(
                 f"  biggest item: {top}; more data-parallel shards, tensor parallel, "
                 "activation checkpointing or a smaller local batch reduce it"
@@ -176,11 +173,7 @@ def plan(
     Llama 3's 128,256)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from models import MODELS
-    from parallelisms import PARALLELIZE_FNS
-    from titanlite import preflight
-    from titanlite.optim import build_optimizer
-    from titanlite.train import DTYPES, parallelize_options
+    from titanlite import build, preflight
 
     start = time.perf_counter()
     from titanlite.data import TokenizerError, resolve_tokenizer_path
@@ -195,13 +188,10 @@ def plan(
         raise RuntimeError("plan() needs a process without a process group (it makes a fake one)")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        dims, spec = pre.dims, MODELS[job.model.name]
-        meshes = dims.build_meshes("cpu")
-        with torch.device("meta"):
-            model = spec.model_cls(pre.model_args)
-        opts = parallelize_options(job, dims, device_type)
-        float8_plan = PARALLELIZE_FNS[job.model.name](model, dims, meshes, opts)
-        optimizer = build_optimizer(model, job.optimizer)
+        dims = pre.dims
+        built = build.build_model(job, pre, dims.build_meshes("cpu"), device_type)
+        model, opts, spec = built.model, built.options, built.family.model
+        optimizer = build.build_optimizer(job, built)
         twin = _create_optimizer_state(model, optimizer)
         sizes = state_bytes(model, twin)
         sizes["buffers (RoPE table)"] = tensors_bytes(model.buffers())
@@ -209,7 +199,7 @@ def plan(
         dist.destroy_process_group()
 
     t = job.training
-    compute_bytes = DTYPES[t.mixed_precision_param].itemsize
+    compute_bytes = opts.param_dtype.itemsize
     act = estimate_activations(
         pre.model_args,
         local_batch_size=t.local_batch_size,
@@ -222,7 +212,11 @@ def plan(
     )
     if dims.fsdp_enabled:
         sizes["FSDP unsharded params/grads"] = fsdp_transient_bytes(
-            pre.model_args, dims.tp, compute_bytes, DTYPES[t.mixed_precision_reduce].itemsize
+            pre.model_args,
+            dims.tp,
+            spec.num_params(pre.model_args),
+            compute_bytes,
+            opts.reduce_dtype.itemsize,
         )
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
@@ -241,7 +235,7 @@ def plan(
         device_memory=int(device_memory_gib * GIB),
         bytes=sizes,
         seconds=time.perf_counter() - start,
-        float8=float8_plan.describe() if float8_plan is not None else None,
+        float8=built.float8_plan.describe() if built.float8_plan is not None else None,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from titanlite.clock import Clock
 from titanlite.config_schema import Metrics
 from titanlite.logging import logger
 
@@ -99,6 +100,7 @@ class MetricsLogger:
         rank: int = 0,
         config_text: str = "",
         tb_dir: Path | None = None,
+        clock: Clock | None = None,
     ):
         self.cfg, self.device, self.start_step = cfg, device, start_step
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
@@ -122,25 +124,9 @@ class MetricsLogger:
             self.tb = SummaryWriter(log_dir=str(tb_dir), purge_step=start_step + 1)
             if start_step == 0 and config_text:
                 self.tb.add_text("config", "```toml\n" + config_text + "\n```", 0)
-        self._reset(time.perf_counter())
-        self.start = self.window_start
-        self.checkpoint_time = 0.0
-
-    def _reset(self, now: float) -> None:
-        self.window_start, self.window_steps, self.data_time = now, 0, 0.0
-        self.window_checkpoint_time = 0.0
-
-    def add_data_time(self, seconds: float) -> None:
-        self.data_time += seconds
-
-    def exclude_time(self, seconds: float) -> None:
-        """Leave work that is not training (validation) out of this window's throughput."""
-        self.window_start += seconds
-
-    def add_checkpoint_time(self, seconds: float) -> None:
-        """Time the loop was blocked by a save (the part of a save that training waits for)."""
-        self.window_checkpoint_time += seconds
-        self.checkpoint_time += seconds
+        self.clock = clock or Clock()
+        self.start = time.perf_counter()
+        self.window_steps = 0
 
     def should_log(self, step: int) -> bool:
         first = step == self.start_step + 1
@@ -153,7 +139,8 @@ class MetricsLogger:
         self, step: int, loss: float, grad_norm: float, lr: float, val_loss: float | None = None
     ) -> dict[str, Any]:
         now = time.perf_counter()
-        elapsed = max(now - self.window_start, 1e-9)
+        window = self.clock.window
+        elapsed = self.clock.window_seconds(now)
         tps = self.tokens_per_step * self.window_steps / elapsed
         tflops = self.flops_per_token * tps / 1e12
         record = {
@@ -165,16 +152,18 @@ class MetricsLogger:
             "tflops": tflops,
             "mfu": None if self.peak is None else 100 * tflops * 1e12 / self.peak,
             "memory_gib": memory_gib(self.device),
-            "data_loading_pct": 100 * self.data_time / elapsed,
+            "data_loading_pct": 100 * window["data"] / elapsed,
             "step_time_s": elapsed / max(1, self.window_steps),
-            "checkpoint_blocked_s": self.window_checkpoint_time,
+            # The part of saves that training waited for (async saves return after staging).
+            "checkpoint_blocked_s": window["checkpoint"],
             "elapsed_s": now - self.start,
         }
         if val_loss is not None:  # only on the steps that validated
             record["val_loss"] = val_loss
         eta = (now - self.start) / max(1, step - self.start_step) * (self.total_steps - step)
         self._write(record, eta)
-        self._reset(now)
+        self.clock.reset_window(now)
+        self.window_steps = 0
         return record
 
     def _write(self, r: dict[str, Any], eta: float) -> None:
@@ -194,8 +183,9 @@ class MetricsLogger:
                 if r.get(key) is not None:
                     self.tb.add_scalar(tag, r[key], r["step"])
 
-    def log_goodput(self, step: int, goodput: dict[str, float]) -> None:
-        """The end-of-run goodput (titanlite.train.goodput) on the console and in TensorBoard."""
+    def log_goodput(self, step: int) -> None:
+        """The launch's goodput (where its wall time went) on the console and in TensorBoard."""
+        goodput = self.clock.goodput()
         parts = ", ".join(
             f"{k.removesuffix('_s')} {v:.1f}s"
             for k, v in goodput.items()

@@ -11,9 +11,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from titanlite.config import ConfigError, load
 from titanlite.config_schema import JobConfig
+
+if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
+    from models.llama import LlamaArgs
+    from parallelisms import ParallelDims
+    from titanlite.data import DataSource
 
 MIN_TORCH = (2, 7)
 
@@ -26,11 +32,11 @@ class EnvironmentProblem(RuntimeError):
 class Preflight:
     """What the checks resolved, so the trainer does not resolve it again."""
 
-    dims: object  # parallelisms.ParallelDims
-    model_args: object
+    dims: ParallelDims
+    model_args: LlamaArgs
     tokenizer_path: Path
-    dataset: object  # data.DataSource: text files or prepared shards; None in a dry run
-    validation_dataset: object  # the same for [validation], None when it is off
+    dataset: DataSource | None  # text files or prepared shards; None in a dry run
+    validation_dataset: DataSource | None  # the same for [validation]; None when it is off
     grad_accum_steps: int
 
 
@@ -64,15 +70,15 @@ def check_environment(job: JobConfig) -> None:
             ) from None
 
 
-def model_args(job: JobConfig, vocab_size: int):
+def model_args(job: JobConfig, vocab_size: int) -> LlamaArgs:
     """The model's hyper-parameters: the flavor with the [model] overrides, the tokenizer's
     vocabulary and the training sequence length (the RoPE table's size)."""
-    from models import MODELS
+    from titanlite.families import get_family
 
     m = job.model
     return (
-        MODELS[m.name]
-        .flavors[m.flavor]
+        get_family(m.name)
+        .model.flavors[m.flavor]
         .with_overrides(
             vocab_size=vocab_size,
             max_seq_len=job.training.seq_len,
@@ -97,20 +103,20 @@ def check(
     given `vocab_size` stands in for the tokenizer; then the tokenizer and dataset paths, which
     live on the cluster, are not checked."""
     check_environment(job)
-    from models import MODELS
     from parallelisms import ParallelDims, check_layout
     from titanlite import float8
     from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
     from titanlite.distributed import device_type
+    from titanlite.families import get_family
 
-    spec = MODELS[job.model.name]
+    spec = get_family(job.model.name).model
     if job.model.flavor not in spec.flavors:
         raise ConfigError(
             f"[model] flavor = {job.model.flavor!r}: unknown for {job.model.name}; "
             f"expected one of {', '.join(spec.flavors)}"
         )
     planning = vocab_size is not None
-    if not planning:
+    if vocab_size is None:
         tokenizer_path = resolve_tokenizer_path(job.model.tokenizer_path)
         tokenizer = Tokenizer(tokenizer_path)
         vocab_size = tokenizer.vocab_size
@@ -172,6 +178,7 @@ def check(
     if not planning:  # text files are listed, prepared shards checked against the tokenizer
         dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
         if job.validation.enabled:
+            assert job.validation.dataset_path is not None  # config.validate requires it
             validation = open_dataset(
                 Path(job.validation.dataset_path), tokenizer, "validation.dataset_path"
             )

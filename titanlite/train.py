@@ -1,8 +1,11 @@
-"""The trainer: where the config sections meet. `python -m titanlite.train --config PATH [...]`.
+"""The trainer: where the config sections meet, and the loop. `python -m titanlite.train --config
+PATH [...]`.
 
 Flow: config + preflight checks (no process group yet) -> process group and mesh -> tokenizer
-and loader -> model on the meta device -> parallelize (TP, AC, compile, FSDP) -> materialize
-and initialize the local shards -> optimizer on the sharded parameters -> the loop.
+and loader -> titanlite.build (model on meta -> parallelize -> materialize -> optimizer) ->
+checkpoint load -> the loop. What happens around a step (saves, profiler, memory snapshots, gc,
+the preemption agreement) is an ordered list of step-end hooks; where the time goes is the
+metrics' Clock.
 """
 
 from __future__ import annotations
@@ -14,48 +17,31 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from models import MODELS
-from parallelisms import PARALLELIZE_FNS, ParallelizeOptions, loss_context
-from parallelisms.float8 import register_scale_precompute
+from parallelisms import loss_context
+from titanlite import build, distributed, preflight
 from titanlite import config as config_lib
-from titanlite import distributed, preflight
 from titanlite.checkpoint import CheckpointManager, config_hash, model_config_record
+from titanlite.clock import Clock
 from titanlite.config_schema import JobConfig
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
-from titanlite.float8 import float8_options
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
-from titanlite.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from titanlite.optim import build_lr_scheduler, clip_grad_norm_
 from titanlite.preemption import PREEMPTED_EXIT_CODE, StopRequest, requeue_slurm_job
-from titanlite.profiling import maybe_memory_snapshots, maybe_profile
+from titanlite.profiling import maybe_memory_snapshots, maybe_profile, oom_snapshot
 from titanlite.validate import ValidationData, Validator
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def parallelize_options(job: JobConfig, dims, device_type: str) -> ParallelizeOptions:
-    """The parallelize knobs from the config sections (shared by training and the dry run)."""
-    t, p, ac = job.training, job.parallelism, job.activation_checkpoint
-    f8 = float8_options(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type)
-    return ParallelizeOptions(
-        loss_parallel=dims.tp_enabled and not p.disable_loss_parallel,
-        async_tp=p.enable_async_tensor_parallel,
-        ac_mode=ac.mode,
-        ac_option=ac.selective_ac_option,
-        compile=t.compile,
-        param_dtype=DTYPES[t.mixed_precision_param],
-        reduce_dtype=DTYPES[t.mixed_precision_reduce],
-        reshard_after_forward=p.fsdp_reshard_after_forward,
-        cpu_offload=t.enable_cpu_offload,
-        float8=f8,
-    )
+Microbatch = tuple[torch.Tensor, torch.Tensor]
+StepHook = Callable[[int], None]
 
 
 class TrainState:
@@ -72,37 +58,38 @@ class TrainState:
         self.elapsed_s = float(state["elapsed_s"])
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    # In float32 whatever the compute dtype: a bf16 log-softmax over 128K classes loses bits.
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-
-
 class Trainer:
     def __init__(self, job: JobConfig, pre: preflight.Preflight, launch_start: float | None = None):
-        self.job, self.pre = job, pre
+        self.job, self.pre, self.dims = job, pre, pre.dims
         self.config_text = config_lib.to_toml(job)  # saved, hashed and shown in TensorBoard
         self.preempted = 0  # the signal number that stopped train() early
-        # For goodput: start-up (imports, process group, model init, loading) counts as lost.
+        self.last_saved_step = -1
         self.launch_start = time.perf_counter() if launch_start is None else launch_start
-        t = job.training
         self.device = distributed.init(job.comm.init_timeout_seconds)
         self.rank = dist.get_rank()
         distributed.check_distinct_devices(self.device)
-        self.dims = pre.dims
         self.meshes = self.dims.build_meshes(self.device.type)
         self._log_layout()
-        self.seed = distributed.agree_on_seed(t.seed)
-        distributed.set_determinism(self.seed, t.deterministic)
+        self.seed = distributed.agree_on_seed(job.training.seed)
+        distributed.set_determinism(self.seed, job.training.deterministic)
         self.dump_folder = Path(job.job.dump_folder)
         if self.rank == 0:
             self._save_resolved_config()
+        self._build_data()
+        self._build_model()
+        self._build_checkpoint_and_metrics()
 
-        dp_mesh = self.dp_mesh = self.meshes.dp
-        dp_rank, dp_size = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh else (0, 1)
+    def _build_data(self) -> None:
+        t, pre, v = self.job.training, self.pre, self.job.validation
+        self.dp_mesh = self.meshes.dp
+        dp_rank, dp_size = (
+            (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
+        )
         tokenizer = Tokenizer(pre.tokenizer_path)
         for source in (pre.dataset, pre.validation_dataset):
             if isinstance(source, ShardSet):
                 self._verify_shards(source)
+        assert pre.dataset is not None  # None only in a dry run
         self.dataloader = build_dataloader(
             pre.dataset,
             tokenizer,
@@ -113,11 +100,10 @@ class Trainer:
             seed=self.seed,
             text_field=t.dataset_text_field,
         )
-        v = job.validation
-        self.validation_data = (
-            None
-            if not v.enabled
-            else ValidationData(
+        self.validation_data = None
+        if v.enabled:
+            assert pre.validation_dataset is not None
+            self.validation_data = ValidationData(
                 pre.validation_dataset,
                 tokenizer,
                 v.seq_len or t.seq_len,
@@ -127,63 +113,55 @@ class Trainer:
                 v.steps,
                 t.dataset_text_field,
             )
-        )
 
-        spec = MODELS[job.model.name]
-        with torch.device("meta"):
-            model = spec.model_cls(pre.model_args)
-        n_params = spec.num_params(pre.model_args)
+    def _build_model(self) -> None:
+        job, pre, t = self.job, self.pre, self.job.training
+        built = build.build_model(job, pre, self.meshes, self.device.type)
+        spec = built.family.model
         self.flops_per_token = spec.training_flops_per_token(pre.model_args, t.seq_len)
         logger.info(
-            f"model {job.model.name} {job.model.flavor}: {n_params:,} parameters, "
-            f"{self.flops_per_token / 1e9:.3f} GFLOPs per token (training), seed {self.seed}"
+            f"model {job.model.name} {job.model.flavor}: {spec.num_params(pre.model_args):,} "
+            f"parameters, {self.flops_per_token / 1e9:.3f} GFLOPs per token (training), "
+            f"seed {self.seed}"
         )
-        self.param_dtype = DTYPES[t.mixed_precision_param]
-        opts = parallelize_options(job, self.dims, self.device.type)
-        self.loss_parallel = opts.loss_parallel
-        float8_plan = PARALLELIZE_FNS[job.model.name](model, self.dims, self.meshes, opts)
-        if float8_plan is not None:
-            logger.info(float8_plan.describe())
-        init_device = torch.device("cpu") if t.enable_cpu_offload else self.device
-        model.to_empty(device=init_device)
-        model.init_weights(self.seed, buffer_device=self.device)
-        model.train()
-        self.model = model
+        if built.float8_plan is not None:
+            logger.info(built.float8_plan.describe())
+        self.model = build.materialize(built, self.device, self.seed)
         if job.model.print_after_conversion and self.rank == 0:
-            logger.info(f"model after parallelization:\n{model}")
-
-        self.loss_fn = torch.compile(cross_entropy_loss) if t.compile else cross_entropy_loss
+            logger.info(f"model after parallelization:\n{self.model}")
+        self.loss_parallel = built.loss_parallel
+        self.loss_fn = build.build_loss_fn(job)
+        param_dtype = built.options.param_dtype
         # FSDP casts parameters itself; without it, autocast gives the same compute dtype.
         self.amp = (
-            torch.autocast(self.device.type, dtype=self.param_dtype)
-            if not self.dims.fsdp_enabled and self.param_dtype != torch.float32
+            torch.autocast(self.device.type, dtype=param_dtype)
+            if not self.dims.fsdp_enabled and param_dtype != torch.float32
             else contextlib.nullcontext()
         )
-        self.optimizer = build_optimizer(model, job.optimizer)
-        if opts.float8 is not None and opts.float8.precompute_scale:
-            register_scale_precompute(self.optimizer, model)
+        self.optimizer = build.build_optimizer(job, built)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
-        self.validator = (
-            None
-            if self.validation_data is None
-            else Validator(
+        self.params = [q for q in self.model.parameters() if q.requires_grad]
+        self.validator = None
+        if self.validation_data is not None:
+            self.validator = Validator(
                 job.validation,
                 self.validation_data,
-                model,
+                self.model,
                 self.loss_fn,
                 self.device,
                 self.loss_parallel,
                 self.amp,
                 self.global_mean,
             )
-        )
-        self.params = [q for q in model.parameters() if q.requires_grad]
+
+    def _build_checkpoint_and_metrics(self) -> None:
+        job, pre, t = self.job, self.pre, self.job.training
         self.train_state = TrainState()
         self.checkpointer = CheckpointManager(
             job.checkpoint,
             self.dump_folder,
-            model=model,
+            model=self.model,
             optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler,
             dataloader=self.dataloader,
@@ -196,11 +174,12 @@ class Trainer:
         )
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
-        tokens_per_device = t.local_batch_size * t.seq_len * self.grad_accum_steps / self.dims.tp
+        resumed = self.checkpointer.resumed_from is not None
         # Steps up to here were trained by an earlier launch past its last checkpoint: this
         # launch trains them again (lost time for goodput).
-        self.redo_until = (
-            last_logged_step(self.dump_folder) if self.checkpointer.resumed_from else 0
+        clock = Clock(self.launch_start, last_logged_step(self.dump_folder) if resumed else 0)
+        self.tokens_per_step = (
+            t.local_batch_size * t.seq_len * self.grad_accum_steps * self.dims.dp_size
         )
         self.metrics = MetricsLogger(
             job.metrics,
@@ -208,16 +187,15 @@ class Trainer:
             self.device,
             write_files=self.rank == 0,
             flops_per_token=self.flops_per_token,
-            tokens_per_step_per_device=tokens_per_device,
+            tokens_per_step_per_device=self.tokens_per_step / self.dims.dp_size / self.dims.tp,
             total_steps=t.steps,
             start_step=self.train_state.step,
             rank=self.rank,
             config_text=self.config_text,
-            tb_dir=tb_run_dir(
-                self.dump_folder / job.metrics.save_tb_folder,
-                resumed=self.checkpointer.resumed_from is not None,
-            ),
+            tb_dir=tb_run_dir(self.dump_folder / job.metrics.save_tb_folder, resumed=resumed),
+            clock=clock,
         )
+        self.clock = clock
         logger.info(
             f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "
             f"micro-batch, {self.grad_accum_steps} micro-batch(es) per step, data-parallel degree "
@@ -228,7 +206,8 @@ class Trainer:
     def _log_layout(self) -> None:
         """The rank -> device -> mesh coordinate map, once, on rank 0."""
         world = self.meshes.world
-        mine = f"rank {self.rank} -> {self.device} -> {dict(zip(world.mesh_dim_names, world.get_coordinate()))}"
+        coordinate = dict(zip(world.mesh_dim_names or (), world.get_coordinate() or ()))
+        mine = f"rank {self.rank} -> {self.device} -> {coordinate}"
         everyone: list[str] = [""] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if self.rank == 0:
@@ -255,23 +234,15 @@ class Trainer:
             logger.info(f"an earlier run's config kept as {kept}")
         path.write_text(text)
 
-    def next_microbatches(self, data_iter) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        start = time.perf_counter()
-        batches = []
-        for _ in range(self.grad_accum_steps):
-            inputs, labels = next(data_iter)
-            batches.append(
-                (
-                    inputs.to(self.device, non_blocking=True),
-                    labels.to(self.device, non_blocking=True),
-                )
-            )
-        self.last_data_s = time.perf_counter() - start
-        self.metrics.add_data_time(self.last_data_s)
-        return batches
+    def next_microbatches(self, data_iter: Iterator[Microbatch]) -> list[Microbatch]:
+        with self.clock.span("data"):
+            return [
+                (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
+                for x, y in (next(data_iter) for _ in range(self.grad_accum_steps))
+            ]
 
     def train_step(
-        self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]
+        self, microbatches: list[Microbatch]
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step over the micro-batches: (summed loss, grad norm, LR used)."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -281,7 +252,7 @@ class Trainer:
         for i, (inputs, labels) in enumerate(microbatches):
             if self.dims.fsdp_enabled and not sync_each:
                 # One reduce-scatter per step instead of one per micro-batch, for more memory.
-                self.model.set_requires_gradient_sync(i == n - 1)
+                cast(FSDPModule, self.model).set_requires_gradient_sync(i == n - 1)
             with loss_context(self.loss_parallel):
                 with self.amp:
                     logits = self.model(inputs)
@@ -289,7 +260,7 @@ class Trainer:
                 loss.backward()
             loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm)
-        lr = self.lr_scheduler.get_last_lr()[0]
+        lr = float(self.lr_scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.lr_scheduler.step()
         return loss_sum, grad_norm, lr
@@ -306,11 +277,8 @@ class Trainer:
         """The validation loss when it is due at `step` (its time is kept out of tps)."""
         if self.validator is None or not self.validator.due(step, self.job.training.steps):
             return None
-        start = time.perf_counter()
-        val_loss = self.validator.run()
-        self.last_val_s = time.perf_counter() - start
-        self.metrics.exclude_time(self.last_val_s)
-        return val_loss
+        with self.clock.span("validation"):
+            return self.validator.run()
 
     def save_seed_checkpoint(self) -> None:
         self.checkpointer.save(0, weights_only=True)
@@ -318,100 +286,83 @@ class Trainer:
 
     def train(self, stop: StopRequest | None = None) -> list[dict]:
         """The loop; `self.preempted` is the signal number that stopped it early, else 0."""
-        t, state = self.job.training, self.train_state
+        state, records = self.train_state, []
         stop = stop or StopRequest()
         stop.arm()
         gc.disable()
         gc.collect()
         data_iter = iter(self.dataloader)
         distributed.set_timeout(self.job.comm.train_timeout_seconds)
-        tokens_per_step = t.local_batch_size * t.seq_len * self.grad_accum_steps * self.dims.dp_size
-        records = []
-        lost = self.lost = {
-            "init_s": time.perf_counter() - self.launch_start,
-            "data_s": 0.0,
-            "checkpoint_s": 0.0,
-            "redone_s": 0.0,
-            "validation_s": 0.0,
-        }
-        productive = 0.0
-        with (
-            maybe_profile(self.job.profiling, self.dump_folder, self.rank) as profiler,
-            maybe_memory_snapshots(self.job.profiling, self.dump_folder, self.rank) as snapshots,
-        ):
-            while state.step < t.steps:
-                step_start = time.perf_counter()
+        self.clock.start_training()
+        with self._step_end_hooks(stop) as hooks:
+            while state.step < self.job.training.steps and not self.preempted:
                 state.step += 1
-                if state.step % t.gc_freq == 0:
-                    gc.collect(1)
+                self.clock.step_begin()
                 microbatches = self.next_microbatches(data_iter)
-                try:
+                with hooks.oom_snapshot(state.step):
                     loss, grad_norm, lr = self.train_step(microbatches)
-                except torch.OutOfMemoryError:
-                    if snapshots is not None:  # what filled the memory, before the error unwinds
-                        snapshots.dump(f"iteration_{state.step}_oom")
-                    raise
-                state.tokens_seen += tokens_per_step
+                state.tokens_seen += self.tokens_per_step
                 self.metrics.count_step()
-                self.last_val_s = 0.0
                 val_loss = self.validate(state.step)
                 # Reading the loss syncs with the device: only on the steps that log it.
                 if self.metrics.should_log(state.step) or val_loss is not None:
+                    loss_value = self.global_mean(loss)
                     records.append(
-                        self.metrics.log(
-                            state.step, self.global_mean(loss), grad_norm.item(), lr, val_loss
-                        )
+                        self.metrics.log(state.step, loss_value, grad_norm.item(), lr, val_loss)
                     )
-                step_s = time.perf_counter() - step_start
-                state.elapsed_s += step_s
-                lost["data_s"] += self.last_data_s
-                lost["validation_s"] += self.last_val_s
-                trained_s = step_s - self.last_data_s - self.last_val_s
-                if state.step <= self.redo_until:
-                    lost["redone_s"] += trained_s
-                else:
-                    productive += trained_s
-                saved = self.checkpointer.should_save(state.step)
-                if saved:
-                    self._timed_save(state.step)
-                if profiler is not None:
-                    profiler.step()
-                if snapshots is not None:
-                    snapshots.step(state.step)
-                if (signum := stop.agreed()) and state.step < t.steps:
-                    self._stop_for_preemption(signum, saved)
-                    break
+                state.elapsed_s += self.clock.step_end(state.step)
+                for hook in hooks:
+                    hook(state.step)
         stop.restore()
-        blocked_start = time.perf_counter()
-        self.checkpointer.wait()
-        lost["checkpoint_s"] += time.perf_counter() - blocked_start
+        with self.clock.span("checkpoint"):
+            self.checkpointer.wait()
         if not self.preempted:
             logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
-        wall = time.perf_counter() - self.launch_start
-        self.metrics.log_goodput(
-            state.step,
-            {
-                "goodput_pct": 100 * productive / wall,
-                "wall_s": wall,
-                "productive_s": productive,
-                **lost,
-            },
-        )
+        self.metrics.log_goodput(state.step)
         return records
 
-    def _timed_save(self, step: int, **kwargs) -> None:
-        """Save, counting the time training is blocked in the metrics and in goodput."""
-        blocked_start = time.perf_counter()
-        self.checkpointer.save(step, **kwargs)
-        blocked = time.perf_counter() - blocked_start
-        self.metrics.add_checkpoint_time(blocked)
-        self.lost["checkpoint_s"] += blocked
+    @contextlib.contextmanager
+    def _step_end_hooks(self, stop: StopRequest) -> Iterator[StepHooks]:
+        """What runs after every step, in this order: save when due, profiler, memory
+        snapshots, gc, and last the preemption agreement (which may save once more)."""
+        job, rank = self.job, self.rank
+        with (
+            maybe_profile(job.profiling, self.dump_folder, rank) as profiler,
+            maybe_memory_snapshots(job.profiling, self.dump_folder, rank) as snapshots,
+        ):
+            hooks = StepHooks(snapshots)
+            hooks.append(self._save_if_due)
+            if profiler is not None:
+                hooks.append(lambda step: profiler.step())
+            if snapshots is not None:
+                hooks.append(snapshots.step)
+            hooks.append(self._collect_garbage)
+            hooks.append(lambda step: self._stop_if_agreed(stop, step))
+            yield hooks
 
-    def _stop_for_preemption(self, signum: int, saved: bool) -> None:
-        """Every rank is here at the same step: finish any background save, then save this
-        step synchronously (the job may be killed soon after), unless it was just saved."""
+    def _save_if_due(self, step: int) -> None:
+        if self.checkpointer.should_save(step):
+            self._timed_save(step)
+
+    def _collect_garbage(self, step: int) -> None:
+        # Automatic gc is off during training: its pauses would land on random ranks at random
+        # steps and stall the collectives; here every rank pauses at the same step.
+        if step % self.job.training.gc_freq == 0:
+            gc.collect(1)
+
+    def _timed_save(self, step: int, **kwargs) -> None:
+        with self.clock.span("checkpoint"):
+            self.checkpointer.save(step, **kwargs)
+        self.last_saved_step = step
+
+    def _stop_if_agreed(self, stop: StopRequest, step: int) -> None:
+        """Every rank calls this at the same step. On an agreed signal: finish any background
+        save, then save this step synchronously (the job may be killed soon after), unless it
+        was just saved or training is over anyway."""
+        signum = stop.agreed()
+        if not signum or step >= self.job.training.steps:
+            return
         self.preempted = signum
-        step = self.train_state.step
         name = signal.Signals(signum).name
         if not self.job.checkpoint.enable_checkpoint:
             logger.warning(
@@ -419,8 +370,9 @@ class Trainer:
                 "(checkpoint.enable_checkpoint is off): a restart begins at step 0"
             )
             return
-        self.checkpointer.wait()
-        if not saved:
+        with self.clock.span("checkpoint"):
+            self.checkpointer.wait()
+        if self.last_saved_step != step:
             self._timed_save(step, force_sync=True)
         logger.info(
             f"{name}: stopped after step {step}; checkpoint "
@@ -433,6 +385,17 @@ class Trainer:
         gc.enable()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class StepHooks(list[StepHook]):
+    """The ordered step-end hooks, and the OOM guard that dumps a memory snapshot."""
+
+    def __init__(self, snapshots) -> None:
+        super().__init__()
+        self.snapshots = snapshots
+
+    def oom_snapshot(self, step: int) -> contextlib.AbstractContextManager:
+        return oom_snapshot(self.snapshots, step)
 
 
 def last_logged_step(dump_folder: Path) -> int:

@@ -11,9 +11,9 @@ from helpers import make_hf_llama
 from test_checkpoint import COMMON, losses, train
 
 from titanlite import hf_checkpoint, preflight
+from titanlite.build import cross_entropy_loss
 from titanlite.checkpoint_storage import load_full_state_dict, read_manifest
 from titanlite.data import Tokenizer, build_dataloader
-from titanlite.train import cross_entropy_loss
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

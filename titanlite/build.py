@@ -1,0 +1,113 @@
+"""Assembly: config sections -> the parallelized model, its loss and its optimizer.
+
+The one place where "build the model for this layout" happens, shared by the trainer and the dry
+run, so that the dry run plans exactly what training builds:
+
+    build_model: model on the meta device -> family's parallelize (float8 -> TP -> AC -> compile
+                 -> FSDP/DDP); nothing is allocated yet
+    materialize: local shards allocated (to_empty) and filled by the layout-invariant init
+    build_optimizer: the optimizer on the sharded parameters (+ float8 scale precompute)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import TrainableModel
+from parallelisms import Meshes, ParallelDims, ParallelizeOptions
+from parallelisms.float8 import ConversionPlan, Float8Options, register_scale_precompute
+from titanlite import optim
+from titanlite.config_schema import JobConfig
+from titanlite.families import ModelFamily, get_family
+from titanlite.preflight import Preflight
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def float8_options(job: JobConfig, *, fsdp_enabled: bool, device_type: str) -> Float8Options | None:
+    """The [float8] section as parallelisms' options; None when float8 is off."""
+    if "float8" not in job.model.converters:
+        return None
+    f = job.float8
+    # Like TorchTitan: without FSDP there is no weight all-gather to do in float8.
+    all_gather = f.enable_fsdp_float8_all_gather and fsdp_enabled
+    return Float8Options(
+        recipe=f.recipe_name,
+        emulate=f.emulate,
+        filter_fqns=tuple(f.filter_fqns),
+        fsdp_float8_all_gather=all_gather,
+        precompute_scale=all_gather and f.precompute_float8_dynamic_scale_for_fsdp,
+        force_recompute_weight_in_bwd=f.force_recompute_fp8_weight_in_bwd,
+        float8_collectives=device_type == "cuda",
+    )
+
+
+def parallelize_options(job: JobConfig, dims: ParallelDims, device_type: str) -> ParallelizeOptions:
+    t, p, ac = job.training, job.parallelism, job.activation_checkpoint
+    return ParallelizeOptions(
+        loss_parallel=dims.tp_enabled and not p.disable_loss_parallel,
+        async_tp=p.enable_async_tensor_parallel,
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        compile=t.compile,
+        param_dtype=DTYPES[t.mixed_precision_param],
+        reduce_dtype=DTYPES[t.mixed_precision_reduce],
+        reshard_after_forward=p.fsdp_reshard_after_forward,
+        cpu_offload=t.enable_cpu_offload,
+        float8=float8_options(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type),
+    )
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # In float32 whatever the compute dtype: a bf16 log-softmax over 128K classes loses bits.
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def build_loss_fn(job: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return torch.compile(cross_entropy_loss) if job.training.compile else cross_entropy_loss
+
+
+@dataclass
+class BuiltModel:
+    model: nn.Module
+    family: ModelFamily
+    options: ParallelizeOptions
+    float8_plan: ConversionPlan | None  # what float8 converted, when it is on
+
+    @property
+    def loss_parallel(self) -> bool:
+        return self.options.loss_parallel
+
+
+def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str) -> BuiltModel:
+    """The model of `job` on the meta device, parallelized for `pre.dims` over `meshes`."""
+    family = get_family(job.model.name)
+    with torch.device("meta"):
+        model = family.model.model_cls(pre.model_args)
+    options = parallelize_options(job, pre.dims, device_type)
+    float8_plan = family.parallelize(model, pre.dims, meshes, options)
+    return BuiltModel(model, family, options, float8_plan)
+
+
+def materialize(built: BuiltModel, device: torch.device, seed: int) -> nn.Module:
+    """Allocate this rank's shards and fill them: each element depends only on (seed, name,
+    index in the full tensor), so every layout starts from the same weights."""
+    model = built.model
+    model.to_empty(device=torch.device("cpu") if built.options.cpu_offload else device)
+    cast(TrainableModel, model).init_weights(seed, buffer_device=device)
+    model.train()
+    return model
+
+
+def build_optimizer(job: JobConfig, built: BuiltModel) -> torch.optim.Optimizer:
+    optimizer = optim.build_optimizer(built.model, job.optimizer)
+    f8 = built.options.float8
+    if f8 is not None and f8.precompute_scale:
+        register_scale_precompute(optimizer, built.model)
+    return optimizer
