@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -59,7 +60,7 @@ class ModelState(Stateful):
         self.model, self.export_dtype = model, export_dtype
 
     def state_dict(self) -> dict[str, Any]:
-        sd = get_model_state_dict(self.model)
+        sd: dict[str, Any] = get_model_state_dict(self.model)
         if self.export_dtype is not None:
             sd = {k: v.to(self.export_dtype) for k, v in sd.items()}
         return sd
@@ -144,7 +145,7 @@ class CheckpointManager:
             else None
         )
         self.pending: Future | None = None
-        self._staging_buffers: dict[tuple, torch.Tensor] = {}
+        self._staging_buffers: dict[Any, Any] = {}
         self._staging_shapes: dict[tuple, Any] | None = None
         self.resumed_from: int | None = None
         self.last_blocking_s = 0.0
@@ -214,9 +215,10 @@ class CheckpointManager:
     def _check_shapes(self, path: Path) -> None:
         self._warn_model_differences(path)
         saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        for key, value in get_model_state_dict(self.model).items():
+        model_sd: dict[str, torch.Tensor] = get_model_state_dict(self.model)  # type: ignore[assignment]
+        for key, value in model_sd.items():
             meta = saved.get(f"model.{key}")
-            if meta is None:
+            if not isinstance(meta, TensorStorageMetadata):
                 raise CheckpointError(f"checkpoint {path} has no model key '{key}'")
             if tuple(meta.size) != tuple(value.shape):
                 raise CheckpointError(
@@ -315,11 +317,14 @@ class CheckpointManager:
         go on. Plain data (e.g. the loader's token buffer) is already a fresh copy from
         state_dict() and passes through: torch's copy helpers would walk it element by element."""
         if self.stager is not None:
-            return self.stager.stage(state_dict)
+            staged = self.stager.stage(state_dict)
+            assert isinstance(staged, dict)  # the stager's non-blocking mode is not used
+            return staged
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         flat = _flatten(state_dict)
-        tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+        # The helpers only need a mapping; their str-key annotation is narrower than needed.
+        tensors: dict[Any, Any] = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
         shapes = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
         if self._staging_shapes != shapes:
             self._staging_buffers = _create_cpu_state_dict(tensors)
@@ -357,11 +362,14 @@ class CheckpointManager:
         if k <= 0:
             return
         old = complete_steps(self.folder)[:-k]
+
         # Off the training thread; the newest complete checkpoint is never among them.
+        def remove_old() -> None:
+            for s in old:
+                shutil.rmtree(step_dir(self.folder, s), ignore_errors=True)
+
         threading.Thread(
-            target=lambda: [
-                shutil.rmtree(step_dir(self.folder, s), ignore_errors=True) for s in old
-            ],
+            target=remove_old,
             daemon=True,
         ).start()
 
@@ -387,6 +395,7 @@ def _leaf_keys(tree: Any, prefix: str) -> list[str]:
 
 def _flatten(tree: Any, prefix: tuple = ()) -> dict[tuple, Any]:
     """Nested dicts (and lists holding tensors or dicts) -> {path: leaf}; plain lists are leaves."""
+    items: Any
     if isinstance(tree, dict) and tree:
         items = tree.items()
     elif isinstance(tree, (list, tuple)) and any(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import threading
 import warnings
@@ -79,7 +80,7 @@ class _ChecksummingFileSystem(FileSystem):
         self._lock = threading.Lock()
 
     @contextmanager
-    def create_stream(self, path: str | Path, mode: str) -> Iterator[io.IOBase]:
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
         if "w" not in mode:
             with super().create_stream(path, mode) as stream:
                 yield stream
@@ -98,12 +99,13 @@ class ChecksummingWriter(FileSystemWriter):
         super().__init__(
             path, single_file_per_rank=single_file_per_rank, sync_files=True, overwrite=True
         )
-        self.fs = _ChecksummingFileSystem()
+        self.checksums = _ChecksummingFileSystem()
+        self.fs = self.checksums
         self.path = self.fs.init_path(path)
 
     @property
     def records(self) -> dict[str, dict[str, int]]:
-        return self.fs.records
+        return self.checksums.records
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
+import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
 from titanlite.config_schema import UNIMPLEMENTED_SECTIONS, JobConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 
 class ConfigError(ValueError):
@@ -173,8 +168,9 @@ def parse_cli(argv: list[str], cfg: JobConfig) -> list[tuple[str, str, Any]]:
             raise ConfigError(
                 f"command line: unexpected argument {arg!r}; overrides look like --section.key value"
             )
-        name, eq, value = arg[2:].partition("=")
+        name, eq, text = arg[2:].partition("=")
         section, _, key = name.partition(".")
+        value: Any = text
         if not eq:
             tp = _cli_field_type(cfg, section, key)
             nxt = argv[i + 1] if i + 1 < len(argv) else None

@@ -106,21 +106,24 @@ def read_safetensors_header(path: Path) -> dict[str, _Entry]:
         except ValueError as e:
             raise bad(f"header is not JSON: {e}") from None
     entries, base = {}, 8 + n
-    for name, e in header.items():
+    for name, record in header.items():
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, end) = _ST_NAMES[e["dtype"]], tuple(e["shape"]), e["data_offsets"]
+            dtype, shape = _ST_NAMES[record["dtype"]], tuple(record["shape"])
+            start, end = record["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise bad(f"tensor {name}: unreadable entry {e}") from None
+            raise bad(f"tensor {name}: unreadable entry {record}") from None
         if end - start != _nbytes(shape, dtype):
-            raise bad(f"tensor {name}: {end - start} bytes for shape {list(shape)} {e['dtype']}")
+            raise bad(
+                f"tensor {name}: {end - start} bytes for shape {list(shape)} {record['dtype']}"
+            )
         entries[name] = _Entry(path, dtype, shape, base + start, base + end)
     pos = base
-    for name, e in sorted(entries.items(), key=lambda kv: kv[1].start):
-        if e.start != pos:
-            raise bad(f"tensor {name} starts at byte {e.start}, expected {pos}")
-        pos = e.end
+    for name, entry in sorted(entries.items(), key=lambda kv: kv[1].start):
+        if entry.start != pos:
+            raise bad(f"tensor {name} starts at byte {entry.start}, expected {pos}")
+        pos = entry.end
     if pos != size:
         raise bad(f"data ends at byte {pos}, the file has {size} (truncated?)")
     return entries
@@ -129,7 +132,7 @@ def read_safetensors_header(path: Path) -> dict[str, _Entry]:
 def _read_tensor(f: BinaryIO, e: _Entry) -> torch.Tensor:
     buf = torch.empty(e.end - e.start, dtype=torch.uint8)
     f.seek(e.start)
-    if f.readinto(memoryview(buf.numpy())) != e.end - e.start:
+    if f.readinto(memoryview(buf.numpy())) != e.end - e.start:  # type: ignore[attr-defined,arg-type]
         raise CheckpointError(f"{e.file}: truncated")
     return buf.view(e.dtype).reshape(e.shape)
 
@@ -160,7 +163,8 @@ class _SafetensorsWriter:
             raise AssertionError(
                 f"{self.path}: got {name} {tuple(t.shape)} {t.dtype}, expected {want}"
             )
-        self.f.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
+        # A view, not a copy: tensors can be GBs. (numpy's stubs omit the buffer protocol.)
+        self.f.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self.pending:
@@ -241,7 +245,8 @@ class _DcpTensors:
     def __init__(self, path: Path):
         self.reader = FileSystemReader(str(path))
         self.metadata = self.reader.read_metadata()
-        self.reader.read_metadata = lambda *a, **k: self.metadata  # read once, not per tensor
+        # Read once, not once per tensor.
+        self.reader.read_metadata = lambda *a, **k: self.metadata  # type: ignore[method-assign]
 
     def shapes(self, prefix: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {
@@ -254,6 +259,7 @@ class _DcpTensors:
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         md = self.metadata.state_dict_metadata[fqn]
+        assert isinstance(md, TensorStorageMetadata), fqn
         t = torch.empty(tuple(md.size), dtype=md.properties.dtype)
         _load_state_dict(
             {fqn: t}, storage_reader=self.reader, planner=DefaultLoadPlanner(), no_dist=True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -21,15 +22,15 @@ def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    kwargs = {
-        "lr": cfg.lr,
-        "betas": (cfg.beta1, cfg.beta2),
-        "eps": cfg.eps,
-        "fused": cfg.implementation == "fused",
-        "foreach": cfg.implementation == "foreach",
-    }
     cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
-    return cls(groups, **kwargs)
+    return cls(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=cfg.implementation == "fused",
+        foreach=cfg.implementation == "foreach",
+    )
 
 
 def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
@@ -64,7 +65,7 @@ def build_lr_scheduler(
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Global gradient norm over all ranks' shards, clipping when max_norm > 0.
 
     With sharded (DTensor) gradients the per-shard norms are reduced across the mesh by

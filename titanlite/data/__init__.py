@@ -79,6 +79,7 @@ def build_dataloader(
     from titanlite.data.shard_dataset import ShardWindowDataset
     from titanlite.data.text_dataset import PackedTextDataset
 
+    dataset: ShardWindowDataset | PackedTextDataset
     if isinstance(source, ShardSet):
         dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
     else:

@@ -125,9 +125,9 @@ def iter_file(
     """(record index, text) of one file's non-empty documents, from `first_record` on."""
     if path.suffix in TEXT_SUFFIXES:
         if first_record == 0:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            if text.strip():
-                yield 0, text
+            whole = path.read_text(encoding="utf-8", errors="replace")
+            if whole.strip():
+                yield 0, whole
     elif path.suffix in PARQUET_SUFFIXES:
         yield from iter_parquet(path, text_field, skipped, first_record)
     else:

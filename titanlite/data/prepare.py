@@ -56,7 +56,7 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     tok: Tokenizer = _worker["tokenizer"]
     name, out_dir, skipped = f"shard_{index:05d}", Path(out), SkippedRecords()
     bin_tmp, idx_tmp = out_dir / f"{name}.bin.tmp", out_dir / f"{name}.idx.tmp"
-    entry = {
+    entry: dict[str, Any] = {
         "name": name,
         "tokens": 0,
         "documents": 0,
@@ -183,7 +183,7 @@ def prepare(
     workers: int = 1,
     shard_mb: float = 256,
     text_field: str = "text",
-    hf: tuple | None = None,
+    hf: tuple[str, str | None, str] | None = None,
     quiet: bool = False,
 ) -> dict:
     """Tokenize `inputs` (or the Hugging Face dataset `hf` = (name, config, split)) into shards

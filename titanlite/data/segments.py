@@ -61,7 +61,7 @@ def plan_files(files: list[Path], target_bytes: int) -> list[list[Segment]]:
 
     for f in files:
         st = f.stat()
-        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        size, mtime_ns = st.st_size, st.st_mtime_ns
         if f.suffix in PARQUET_SUFFIXES:
             meta = need_pyarrow().ParquetFile(f).metadata
             for g in range(meta.num_row_groups):
@@ -71,15 +71,27 @@ def plan_files(files: list[Path], target_bytes: int) -> list[list[Segment]]:
                         str(f),
                         g,
                         g + 1,
-                        **stamp,
+                        size=size,
+                        mtime_ns=mtime_ns,
                         nbytes=meta.row_group(g).total_byte_size,
                     )
                 )
         elif f.suffix in JSONL_SUFFIXES:
             for start, stop, line in _jsonl_ranges(f, target_bytes):
-                add(Segment("jsonl", str(f), start, stop, line, **stamp, nbytes=stop - start))
+                add(
+                    Segment(
+                        "jsonl",
+                        str(f),
+                        start,
+                        stop,
+                        line,
+                        size=size,
+                        mtime_ns=mtime_ns,
+                        nbytes=stop - start,
+                    )
+                )
         else:
-            add(Segment("text", str(f), 0, st.st_size, **stamp, nbytes=st.st_size))
+            add(Segment("text", str(f), 0, size, size=size, mtime_ns=mtime_ns, nbytes=size))
     return [p for p in pieces if p]
 
 
@@ -143,13 +155,13 @@ def _hf_dataset(name: str, config: str | None, split: str) -> Any:
 def read_segment(seg: Segment, text_field: str, skipped: SkippedRecords) -> Iterator[str]:
     """The texts of one segment, in order."""
     if seg.kind == "text":
-        for _, text in iter_file(Path(seg.path), text_field, skipped):
-            yield text
+        for _, whole in iter_file(Path(seg.path), text_field, skipped):
+            yield whole
     elif seg.kind == "parquet":
-        for _, text in iter_parquet(
+        for _, row_text in iter_parquet(
             Path(seg.path), text_field, skipped, row_groups=(seg.start, seg.stop)
         ):
-            yield text
+            yield row_text
     elif seg.kind == "jsonl":
         with open(seg.path, "rb") as f:
             f.seek(seg.start)

@@ -49,7 +49,9 @@ class Tokenizer:
         self._tok.encode_special_tokens = True
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         bos, eos = self._special_names()
-        self.bos_id, self.eos_id = self._tok.token_to_id(bos), self._tok.token_to_id(eos)
+        bos_id, eos_id = self._tok.token_to_id(bos), self._tok.token_to_id(eos)
+        assert bos_id is not None and eos_id is not None  # _special_names checked both
+        self.bos_id, self.eos_id = bos_id, eos_id
 
     def _special_names(self) -> tuple[str, str]:
         cfg_path = self.path.parent / "tokenizer_config.json"
