@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
@@ -49,7 +50,12 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(base) is list:
         name = f"a list of {typing.get_args(base)[0].__name__} (comma-separated on the CLI)"
     else:
-        name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[base]
+        name = {
+            bool: "true or false",
+            int: "an integer",
+            float: "a finite number",
+            str: "a string",
+        }[base]
     return name + (" or none" if optional else "")
 
 
@@ -83,10 +89,15 @@ def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
         if isinstance(value, bool):
             raise ValueError
         if isinstance(value, (int, float)):
-            return float(value)
-        if from_cli:
-            return float(str(value))
-        raise ValueError
+            number = float(value)
+        elif from_cli:
+            number = float(str(value))
+        else:
+            raise ValueError
+        # TOML and float() both accept nan and inf; no titanlite setting means anything by them.
+        if not math.isfinite(number):
+            raise ValueError
+        return number
     if base is str:
         if isinstance(value, str):
             return value

@@ -134,6 +134,12 @@ class Training:
     gc_freq: int = opt(50, "steps between garbage collections", min=1)
     seed: int | None = opt(None, "seed; None = random, broadcast from rank 0 and logged", min=0)
     deterministic: bool = opt(False, "deterministic algorithms (slower)")
+    skip_nonfinite_steps: int = opt(
+        0,
+        "consecutive steps with a non-finite gradient norm whose update is skipped before the "
+        "run stops (exit 3); 0 = stop at the first",
+        min=0,
+    )
 
 
 @dataclass

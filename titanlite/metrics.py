@@ -9,6 +9,7 @@ checkpoint that it trains again (purge_step). Tags are grouped as in docs/monito
 from __future__ import annotations
 
 import json
+import math
 import resource
 import time
 from datetime import datetime
@@ -73,7 +74,12 @@ TB_TAGS = {
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "val_loss": "loss/validation",
+    "skipped_steps": "optim/skipped_steps",
 }
+
+
+def finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def tb_run_dir(root: Path, resumed: bool) -> Path:
@@ -136,7 +142,13 @@ class MetricsLogger:
         self.window_steps += 1
 
     def log(
-        self, step: int, loss: float, grad_norm: float, lr: float, val_loss: float | None = None
+        self,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        lr: float,
+        val_loss: float | None = None,
+        skipped_steps: int = 0,
     ) -> dict[str, Any]:
         now = time.perf_counter()
         window = self.clock.window
@@ -157,6 +169,7 @@ class MetricsLogger:
             # The part of saves that training waited for (async saves return after staging).
             "checkpoint_blocked_s": window["checkpoint"],
             "elapsed_s": now - self.start,
+            "skipped_steps": skipped_steps,  # non-finite updates skipped so far (this launch)
         }
         if val_loss is not None:  # only on the steps that validated
             record["val_loss"] = val_loss
@@ -177,7 +190,8 @@ class MetricsLogger:
             + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
         )
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(r) + "\n")
+            # Strict JSON: a non-finite figure (a skipped step's loss) is null, not NaN.
+            self.jsonl.write(json.dumps({k: finite_or_none(v) for k, v in r.items()}) + "\n")
         if self.tb is not None:
             for key, tag in TB_TAGS.items():
                 if r.get(key) is not None:

@@ -35,6 +35,7 @@ from titanlite.config_schema import JobConfig
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
+from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteGuard, NonFiniteTraining
 from titanlite.optim import build_lr_scheduler, clip_grad_norm_
 from titanlite.preemption import PREEMPTED_EXIT_CODE, StopRequest, requeue_slurm_job
 from titanlite.profiling import maybe_memory_snapshots, maybe_profile, oom_snapshot
@@ -158,6 +159,7 @@ class Trainer:
     def _build_checkpoint_and_metrics(self) -> None:
         job, pre, t = self.job, self.pre, self.job.training
         self.train_state = TrainState()
+        self.nonfinite = NonFiniteGuard(t.skip_nonfinite_steps)
         self.checkpointer = CheckpointManager(
             job.checkpoint,
             self.dump_folder,
@@ -261,8 +263,9 @@ class Trainer:
             loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm)
         lr = float(self.lr_scheduler.get_last_lr()[0])
-        self.optimizer.step()
-        self.lr_scheduler.step()
+        if self.nonfinite.allow_update(self.train_state.step, grad_norm):
+            self.optimizer.step()
+            self.lr_scheduler.step()
         return loss_sum, grad_norm, lr
 
     def global_mean(self, value: torch.Tensor) -> float:
@@ -308,7 +311,14 @@ class Trainer:
                 if self.metrics.should_log(state.step) or val_loss is not None:
                     loss_value = self.global_mean(loss)
                     records.append(
-                        self.metrics.log(state.step, loss_value, grad_norm.item(), lr, val_loss)
+                        self.metrics.log(
+                            state.step,
+                            loss_value,
+                            grad_norm.item(),
+                            lr,
+                            val_loss,
+                            skipped_steps=self.nonfinite.skipped,
+                        )
                     )
                 state.elapsed_s += self.clock.step_end(state.step)
                 for hook in hooks:
@@ -428,13 +438,19 @@ def main(argv: list[str]) -> int:
     except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2
+    failure = None
     try:
         if job.checkpoint.create_seed_checkpoint:
             trainer.save_seed_checkpoint()
         else:
             trainer.train(stop)
+    except NonFiniteTraining as e:
+        failure = e
     finally:
-        trainer.close()
+        trainer.close()  # background saves of good steps complete first
+    if failure is not None:
+        print(f"titanlite: error: {failure}", file=sys.stderr)
+        return NONFINITE_EXIT_CODE
     if trainer.preempted:
         # After close(): the checkpoint is complete on every rank before SLURM (which a
         # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.

@@ -1,0 +1,131 @@
+"""Non-finite training stops instead of saving garbage: `--optimizer.lr 1e6` drives the debug
+model's gradient norm to NaN at step 3 (measured: steps 1 and 2 stay finite). Every rank stops
+at the same step with one line and exit code 3, no checkpoint is written from the bad step, what
+was saved is finite (read back with DCP's own loader), and metrics.jsonl stays strict JSON."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import DEBUG_CONFIG, ROOT, clean_env, torchrun
+
+from titanlite.checkpoint_storage import load_full_state_dict
+
+DIVERGING = [
+    "--config",
+    str(DEBUG_CONFIG),
+    "--optimizer.lr",
+    "1e6",
+    "--training.steps",
+    "8",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--checkpoint.enable_checkpoint",
+    "--checkpoint.interval",
+    "1",
+]
+
+
+def strict_jsonl(path: Path) -> list[dict]:
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{path}: {token} is not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def all_finite(tree) -> bool:
+    if isinstance(tree, dict):
+        return all(all_finite(v) for v in tree.values())
+    if isinstance(tree, torch.Tensor) and tree.is_floating_point():
+        return bool(torch.isfinite(tree).all())
+    return True
+
+
+def saved_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (folder / "checkpoint").glob("step-*"))
+
+
+@pytest.mark.slow
+def test_every_rank_stops_at_the_same_step_without_saving_it(tmp_path):
+    proc = torchrun(2, ["-m", "titanlite.train"], [*DIVERGING, "--job.dump_folder", str(tmp_path)])
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "titanlite: error:" in line]
+    assert len(errors) == 2, proc.stderr[-3000:]  # one per rank, both at the same step
+    assert all("step 3: the gradient norm is nan" in line for line in errors), errors
+    assert saved_steps(tmp_path) == [1, 2]  # the bad step is never saved
+    for step in (1, 2):
+        assert all_finite(load_full_state_dict(tmp_path / "checkpoint" / f"step-{step}"))
+    assert [r["step"] for r in strict_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_skipped_steps_are_counted_then_the_run_stops_with_exit_3(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titanlite.train",
+            *DIVERGING,
+            "--training.skip_nonfinite_steps",
+            "2",
+            "--job.dump_folder",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "titanlite: error: step 5: the gradient norm is nan after 2 skipped step(s) in a row"
+        )
+    )
+    assert proc.stderr.count("update skipped") == 2
+    records = strict_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["skipped_steps"] for r in records] == [0, 0, 1, 2]
+    assert records[2]["grad_norm"] is None and records[3]["grad_norm"] is None  # null, not NaN
+    # The skipped steps applied no update and did not advance the LR schedule.
+    assert records[3]["lr"] == records[2]["lr"]
+    # Steps 3 and 4 were saved (their state is step 2's weights); step 5 was not.
+    assert saved_steps(tmp_path) == [1, 2, 3, 4]
+    weights = [
+        load_full_state_dict(tmp_path / "checkpoint" / f"step-{s}", ["model"])["model"]
+        for s in (2, 4)
+    ]
+    assert all(all_finite(w) for w in weights)
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.parametrize(
+    "override, toml",
+    [(["--optimizer.lr", "nan"], ""), ([], "[training]\nmax_norm = inf\n")],
+)
+def test_nan_and_inf_settings_are_config_errors(tmp_path, override, toml):
+    config = tmp_path / "c.toml"
+    config.write_text(toml)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "run_train.sh"), "--config", str(config), *override],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("titanlite: error:") and "expected a finite number" in last

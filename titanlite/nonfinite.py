@@ -1,0 +1,54 @@
+"""Non-finite training stops instead of saving garbage.
+
+The signal is the global gradient norm, which every rank already holds (clipping reduces it
+over the whole mesh), so every rank sees the same verdict at the same step without another
+collective. A non-finite loss on any rank makes it non-finite too: the loss's backward feeds
+NaN/inf into that rank's gradients, and the reductions carry them into everyone's norm.
+
+A bad step's update is never applied (no optimizer step, no LR step), so the weights, the
+optimizer state and any checkpoint written afterwards stay those of the last good step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from titanlite.logging import logger
+
+NONFINITE_EXIT_CODE = 3
+
+
+class NonFiniteTraining(RuntimeError):
+    """Training produced NaN/inf more often in a row than allowed; the message names the step."""
+
+
+class NonFiniteGuard:
+    def __init__(self, max_consecutive_skips: int):
+        self.max_skips = max_consecutive_skips
+        self.consecutive = 0
+        self.skipped = 0  # over this launch
+
+    def allow_update(self, step: int, grad_norm: torch.Tensor) -> bool:
+        """True to apply this step's update. Reads the norm (one device sync per step: skipping
+        must be decided before the optimizer runs)."""
+        norm = float(grad_norm)
+        if math.isfinite(norm):
+            self.consecutive = 0
+            return True
+        self.consecutive += 1
+        if self.consecutive > self.max_skips:
+            in_a_row = f" after {self.max_skips} skipped step(s) in a row" if self.max_skips else ""
+            raise NonFiniteTraining(
+                f"step {step}: the gradient norm is {norm}{in_a_row}; training stopped without "
+                "applying it and without a checkpoint of it (the latest checkpoint, if any, is "
+                "from a good step). Lower optimizer.lr, check the data, or allow skips with "
+                "--training.skip_nonfinite_steps N"
+            )
+        self.skipped += 1
+        logger.warning(
+            f"step {step}: gradient norm {norm}, update skipped "
+            f"({self.consecutive} of at most {self.max_skips} in a row)"
+        )
+        return False
