@@ -11,6 +11,7 @@ change of data-parallel degree.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import shutil
 import sys
@@ -50,6 +51,51 @@ from titanlite.checkpoint_storage import (
 from titanlite.config_schema import Checkpoint
 from titanlite.distributed import shared_check
 from titanlite.logging import logger
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed on some rank (disk full, permissions, ...); the message names the folder."""
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error, what caused it, and the per-rank failures inside DCP's CheckpointException."""
+    pending: list[BaseException | None] = [error]
+    found: list[BaseException] = []
+    while pending:
+        e = pending.pop(0)
+        if e is None or any(e is f for f in found):
+            continue
+        found.append(e)
+        if isinstance(e, dcp.api.CheckpointException):
+            pending += [exc for exc, _trace in e.failures.values()]
+        pending += [e.__cause__, e.__context__]
+    return found
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    return any(isinstance(e, kind) for e in _causes(error))
+
+
+# torch.save's zip writer reports a short write as "unexpected pos N vs M", without the errno:
+# a file system this close to full is the explanation worth giving.
+_NEARLY_FULL_BYTES = 1 << 20
+
+
+def describe_save_error(error: BaseException, folder: Path) -> str:
+    """The root cause in a few words: the OSError behind DCP's per-rank failure report, or a
+    full disk where the writer lost the errno."""
+    try:
+        if shutil.disk_usage(folder).free < _NEARLY_FULL_BYTES:
+            return "no space left on device"
+    except OSError:
+        pass
+    for e in _causes(error):
+        if isinstance(e, OSError):
+            if e.errno == errno.ENOSPC:
+                return "no space left on device"
+            return f"{e.strerror or e}".lower() + (f": {e.filename}" if e.filename else "")
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
@@ -301,7 +347,10 @@ class CheckpointManager:
         if self.model_config is not None:
             info["model_config"] = self.model_config
         if self.executor is None or force_sync:
-            self._write(state_dict, partial, final, info)
+            try:
+                self._write(state_dict, partial, final, info)
+            except CheckpointSaveError as e:
+                self.save_failed(e)
         else:
             staged = self._stage(state_dict)
             self.pending = self.executor.submit(self._write, staged, partial, final, info)
@@ -335,6 +384,33 @@ class CheckpointManager:
     def _write(
         self, state_dict: dict[str, Any], partial: Path, final: Path, info: dict[str, Any]
     ) -> None:
+        """Write, then agree on the outcome: a failure on any rank (DCP raises its
+        CheckpointException on every rank; rank 0's manifest step is shared by the agreement)
+        removes the partial folder on every rank, so the previous checkpoint stays the latest."""
+        error: BaseException | None = None
+        try:
+            self._write_and_publish(state_dict, partial, final, info)
+        except (Exception, dcp.api.CheckpointException) as e:
+            if _caused_by(e, KeyboardInterrupt):  # a second Ctrl-C: stop at once, not a failure
+                raise KeyboardInterrupt from e
+            error = e
+        failed = torch.tensor([error is not None], dtype=torch.int32)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.pg)
+        if failed.item():
+            # Before the cleanup frees the space again.
+            cause = describe_save_error(error, partial) if error else "failed on another rank"
+            if self.rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            dist.barrier(group=self.pg)
+            raise CheckpointSaveError(
+                f"checkpoint {final} could not be written ({cause}); the partial folder was "
+                "removed and the previous checkpoint is still the latest"
+            )
+        dist.barrier(group=self.pg)
+
+    def _write_and_publish(
+        self, state_dict: dict[str, Any], partial: Path, final: Path, info: dict[str, Any]
+    ) -> None:
         writer = ChecksummingWriter(partial)
         dcp.save(state_dict, storage_writer=writer, process_group=self.pg)
         records: list[dict] = [{} for _ in range(dist.get_world_size())]
@@ -355,7 +431,6 @@ class CheckpointManager:
                 shutil.rmtree(final)
             partial.rename(final)
             self._purge()
-        dist.barrier(group=self.pg)
 
     def _purge(self) -> None:
         k = self.cfg.keep_latest_k
@@ -374,9 +449,21 @@ class CheckpointManager:
         ).start()
 
     def wait(self) -> None:
+        """Wait for a background save; its failure is handled here (see save_failed)."""
         if self.pending is not None:
-            self.pending.result()
-            self.pending = None
+            pending, self.pending = self.pending, None
+            try:
+                pending.result()
+            except CheckpointSaveError as e:
+                self.save_failed(e)
+
+    def save_failed(self, error: CheckpointSaveError) -> None:
+        """checkpoint.on_save_error: "stop" raises (the run ends, exit 2); "continue" warns
+        and training goes on, the next interval trying again. Every rank decides alike: the
+        failure was agreed in _write."""
+        if self.cfg.on_save_error == "stop":
+            raise error
+        logger.warning(f"{error}; training continues (checkpoint.on_save_error = continue)")
 
     def close(self) -> None:
         self.wait()

@@ -192,6 +192,17 @@ class Checkpoint:
     initial_load_model_weights_only: bool = opt(True, "start from model weights only")
     enable_first_step_checkpoint: bool = opt(False, "also save after step 1")
     overwrite: bool = opt(False, "allow replacing an existing step-N written by another run")
+    apply_new_optimizer_settings: bool = opt(
+        False,
+        "on resume, apply [optimizer] lr/betas/eps/weight_decay from the config instead of the "
+        "checkpoint's (which otherwise continue, with a warning)",
+    )
+    on_save_error: str = opt(
+        "stop",
+        "a save that fails (e.g. disk full): stop the run (exit 2), or warn and retry at the "
+        "next interval",
+        choices=["stop", "continue"],
+    )
 
 
 @dataclass

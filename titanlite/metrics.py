@@ -78,6 +78,12 @@ TB_TAGS = {
 }
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
+
+
 def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -115,7 +121,11 @@ class MetricsLogger:
         self.jsonl = self.tb = None
         if write_files:
             dump_folder.mkdir(parents=True, exist_ok=True)
-            self.jsonl = (dump_folder / "metrics.jsonl").open("a", buffering=1)
+            path = dump_folder / "metrics.jsonl"
+            torn = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
+            self.jsonl = path.open("a", buffering=1)
+            if torn:  # a crash mid-write: the next record starts on a line of its own
+                self.jsonl.write("\n")
         if (
             cfg.enable_tensorboard
             and tb_dir is not None

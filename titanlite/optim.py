@@ -78,3 +78,49 @@ def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Te
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> dict[str, float]:
+    """The [optimizer] values an optimizer and its schedule run with (group 0 is the decayed
+    one; the peak LR is the schedule's base)."""
+    group = optimizer.param_groups[0]
+    return {
+        "lr": float(scheduler.base_lrs[0]),
+        "beta1": float(group["betas"][0]),
+        "beta2": float(group["betas"][1]),
+        "eps": float(group["eps"]),
+        "weight_decay": float(group["weight_decay"]),
+    }
+
+
+def reconcile_resumed_settings(
+    optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: Optimizer, apply_config: bool
+) -> dict[str, tuple[float, float]]:
+    """After a resume, the checkpoint's optimizer state carries its own hyper-parameters, which
+    silently win over the config unless applied here. Returns {key: (checkpointed, configured)}
+    for each that differs; with `apply_config` the configured values replace them (the LR
+    schedule's shape always comes from the config: it is code, not state)."""
+    configured = {
+        "lr": cfg.lr,
+        "beta1": cfg.beta1,
+        "beta2": cfg.beta2,
+        "eps": cfg.eps,
+        "weight_decay": cfg.weight_decay,
+    }
+    saved = _hyperparameters(optimizer, scheduler)
+    differences = {
+        k: (saved[k], configured[k])
+        for k in configured
+        if not math.isclose(saved[k], configured[k], rel_tol=1e-12, abs_tol=0.0)
+    }
+    if apply_config and differences:
+        scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+        for i, group in enumerate(optimizer.param_groups):
+            group["initial_lr"] = cfg.lr
+            group["lr"] = cfg.lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+            group["betas"] = (cfg.beta1, cfg.beta2)
+            group["eps"] = cfg.eps
+            if i == 0:  # group 1 (norm gains, 1-D) is never decayed
+                group["weight_decay"] = cfg.weight_decay
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    return differences

@@ -1,5 +1,7 @@
 """Graceful stop on preemption: SIGTERM or SIGUSR1 (SLURM's `--signal=USR1@120`) ends the run at
 the end of the current step, after a synchronous checkpoint, and under SLURM requeues the job.
+Ctrl-C (SIGINT) stops the same way, with exit status 130 and no requeue; a second Ctrl-C stops
+at once, without a checkpoint.
 
 The signal handler only sets a flag: a handler that saved or exited itself could fire inside a
 collective or in the middle of a checkpoint write. The flag is turned into a decision that every
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +24,16 @@ import torch.distributed as dist
 from titanlite.logging import logger
 
 PREEMPTED_EXIT_CODE = 75
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
+
+# Ctrl-C in a terminal signals the whole foreground process group, so a rank gets SIGINT from
+# the terminal and, milliseconds later, the copy torchrun forwards: only a SIGINT this long after
+# the first is a second Ctrl-C from the user.
+SECOND_INTERRUPT_AFTER_S = 1.0
+
+
+def exit_code_for(signum: int) -> int:
+    return INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
 
 
 class StopRequest:
@@ -28,6 +41,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
+        self._interrupted_at: float | None = None
         self._flag = torch.zeros(1, dtype=torch.int32)
         # SIGUSR1 at once: SLURM's notice may come during start-up (it would kill the process);
         # it is honoured after the first step.
@@ -38,13 +52,22 @@ class StopRequest:
         so while start-up blocks in C++ (a store or rendezvous wait for a rank that died) a
         handled SIGTERM would be ignored, and torchrun, which stops a failed group with
         SIGTERM, would have to wait for its SIGKILL. With nothing to save yet, the default
-        action (die now) is right."""
-        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        action (die now) is right. Likewise SIGINT: before the first step Ctrl-C simply
+        interrupts (main turns the KeyboardInterrupt into one line)."""
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._previous[s] = signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
         # Nothing else here: logging or I/O from a handler can deadlock on the interrupted
         # thread's locks.
-        self.signum = signum
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._interrupted_at is None:
+                self._interrupted_at = now
+            elif now - self._interrupted_at > SECOND_INTERRUPT_AFTER_S:
+                raise KeyboardInterrupt  # the user insists: stop now, without a checkpoint
+        if not self.signum:
+            self.signum = signum
 
     def agreed(self) -> int:
         """The signal number any rank received (0 = keep training); the same on every rank."""

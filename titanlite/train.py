@@ -36,8 +36,13 @@ from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
 from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteGuard, NonFiniteTraining
-from titanlite.optim import build_lr_scheduler, clip_grad_norm_
-from titanlite.preemption import PREEMPTED_EXIT_CODE, StopRequest, requeue_slurm_job
+from titanlite.optim import build_lr_scheduler, clip_grad_norm_, reconcile_resumed_settings
+from titanlite.preemption import (
+    INTERRUPTED_EXIT_CODE,
+    StopRequest,
+    exit_code_for,
+    requeue_slurm_job,
+)
 from titanlite.profiling import maybe_memory_snapshots, maybe_profile, oom_snapshot
 from titanlite.validate import ValidationData, Validator
 
@@ -65,6 +70,7 @@ class Trainer:
         self.config_text = config_lib.to_toml(job)  # saved, hashed and shown in TensorBoard
         self.preempted = 0  # the signal number that stopped train() early
         self.last_saved_step = -1
+        self.stop_message = ""
         self.launch_start = time.perf_counter() if launch_start is None else launch_start
         self.device = distributed.init(job.comm.init_timeout_seconds)
         self.rank = dist.get_rank()
@@ -74,8 +80,6 @@ class Trainer:
         self.seed = distributed.agree_on_seed(job.training.seed)
         distributed.set_determinism(self.seed, job.training.deterministic)
         self.dump_folder = Path(job.job.dump_folder)
-        if self.rank == 0:
-            self._save_resolved_config()
         self._build_data()
         self._build_model()
         self._build_checkpoint_and_metrics()
@@ -177,6 +181,10 @@ class Trainer:
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
         resumed = self.checkpointer.resumed_from is not None
+        if resumed:
+            self._reconcile_resumed_settings()
+        if self.rank == 0:  # after the resume: it records what actually runs
+            self._save_resolved_config()
         # Steps up to here were trained by an earlier launch past its last checkpoint: this
         # launch trains them again (lost time for goodput).
         clock = Clock(self.launch_start, last_logged_step(self.dump_folder) if resumed else 0)
@@ -214,6 +222,28 @@ class Trainer:
         dist.all_gather_object(everyone, mine)
         if self.rank == 0:
             logger.info(f"mesh {self.dims.describe()}:\n  " + "\n  ".join(everyone))
+
+    def _reconcile_resumed_settings(self) -> None:
+        """One warning per [optimizer] setting where the checkpoint and the config disagree;
+        the checkpoint's value continues (exact resume) unless the user asked otherwise, and the
+        job config is updated to say what runs."""
+        cfg, apply = self.job.optimizer, self.job.checkpoint.apply_new_optimizer_settings
+        differences = reconcile_resumed_settings(self.optimizer, self.lr_scheduler, cfg, apply)
+        for key, (saved, configured) in differences.items():
+            if apply:
+                logger.warning(
+                    f"optimizer.{key} = {configured} applied over the checkpoint's {saved} "
+                    "(checkpoint.apply_new_optimizer_settings)"
+                )
+            else:
+                logger.warning(
+                    f"optimizer.{key}: the checkpoint's {saved} continues, not the configured "
+                    f"{configured}; pass --checkpoint.apply_new_optimizer_settings to apply it"
+                )
+                setattr(cfg, key, saved)
+        if differences and not apply:
+            self.config_text = config_lib.to_toml(self.job)
+            self.checkpointer.config_hash = config_hash(self.config_text)
 
     def _verify_shards(self, shards: ShardSet) -> None:
         """Checksum every prepared shard before training, the ranks sharing the reading."""
@@ -373,21 +403,23 @@ class Trainer:
         if not signum or step >= self.job.training.steps:
             return
         self.preempted = signum
-        name = signal.Signals(signum).name
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if not self.job.checkpoint.enable_checkpoint:
-            logger.warning(
-                f"{name}: stopping after step {step} WITHOUT a checkpoint "
+            self.stop_message = (
+                f"{name}: stopped after step {step} WITHOUT a checkpoint "
                 "(checkpoint.enable_checkpoint is off): a restart begins at step 0"
             )
+            logger.warning(self.stop_message)
             return
         with self.clock.span("checkpoint"):
             self.checkpointer.wait()
         if self.last_saved_step != step:
             self._timed_save(step, force_sync=True)
-        logger.info(
+        self.stop_message = (
             f"{name}: stopped after step {step}; checkpoint "
             f"{self.checkpointer.folder / f'step-{step}'} is complete"
         )
+        logger.info(self.stop_message)
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -409,13 +441,18 @@ class StepHooks(list[StepHook]):
 
 
 def last_logged_step(dump_folder: Path) -> int:
-    """The highest step in metrics.jsonl (0 if none): how far earlier launches got."""
+    """The highest step in metrics.jsonl (0 if none): how far earlier launches got. A line that
+    is not JSON (torn by a crash mid-write) is skipped: it must not make a good checkpoint
+    unusable."""
     path = dump_folder / "metrics.jsonl"
     if not path.exists():
         return 0
-    steps = [
-        json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()
-    ]
+    steps = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            steps.append(int(json.loads(line).get("step", 0)))
+        except (ValueError, AttributeError, TypeError):
+            continue
     return max(steps, default=0)
 
 
@@ -426,38 +463,60 @@ def main(argv: list[str]) -> int:
     # of SIGUSR1); it is honoured after the first step.
     stop = StopRequest()
     try:
+        return _run(argv, stop, launch_start)
+    except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one during training
+        print(
+            "titanlite: interrupted: stopped at once; training since the latest checkpoint is "
+            "not saved",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT_CODE
+
+
+def _fail(error: BaseException, code: int) -> int:
+    print(f"titanlite: error: {error}", file=sys.stderr)
+    return code
+
+
+def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
+    try:
         job, pre = preflight.run(argv, distributed.launched_world_size())
     except preflight.user_errors() as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(e, 2)
     if job.job.print_config or job.job.print_args:
         if os.environ.get("RANK", "0") == "0":
             print(config_lib.to_toml(job))
     try:
         trainer = Trainer(job, pre, launch_start)
     except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
-    failure = None
+        return _fail(e, 2)
+    interrupted = False
+    failure: tuple[BaseException, int] | None = None
     try:
         if job.checkpoint.create_seed_checkpoint:
             trainer.save_seed_checkpoint()
         else:
             trainer.train(stop)
+    except KeyboardInterrupt:
+        interrupted = True  # at once: no waiting for background saves or for peers
+        raise
     except NonFiniteTraining as e:
-        failure = e
+        failure = (e, NONFINITE_EXIT_CODE)
+    except preflight.user_errors() as e:  # e.g. a save that failed (disk full) under "stop"
+        failure = (e, 2)
     finally:
-        trainer.close()  # background saves of good steps complete first
-    if failure is not None:
-        print(f"titanlite: error: {failure}", file=sys.stderr)
-        return NONFINITE_EXIT_CODE
-    if trainer.preempted:
+        if not interrupted:
+            trainer.close()  # background saves of good steps complete first
+    if failure is not None:  # printed last, after anything close() logs
+        return _fail(*failure)
+    if trainer.preempted == signal.SIGINT:
+        print(f"titanlite: {trainer.stop_message}", file=sys.stderr)
+    elif trainer.preempted:
         # After close(): the checkpoint is complete on every rank before SLURM (which a
         # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
         if job.job.requeue_on_preemption and os.environ.get("RANK", "0") == "0":
             requeue_slurm_job()
-        return PREEMPTED_EXIT_CODE
-    return 0
+    return exit_code_for(trainer.preempted) if trainer.preempted else 0
 
 
 def cli() -> None:
