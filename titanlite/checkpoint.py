@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -37,11 +36,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 from titanlite.checkpoint_storage import (
     CheckpointError,
     ChecksummingWriter,
+    SafeFileSystemReader,
     SafeLoadPlanner,
     complete_steps,
     file_crc32,
     partial_dir,
     read_manifest,
+    read_metadata,
     step_dir,
     verify,
     write_manifest,
@@ -196,7 +197,7 @@ class CheckpointManager:
         start = time.perf_counter()
         dcp.load(
             {k: self.states[k] for k in keys},
-            checkpoint_id=str(path),
+            storage_reader=SafeFileSystemReader(str(path)),
             planner=SafeLoadPlanner(),
             process_group=self.pg,
         )
@@ -213,7 +214,7 @@ class CheckpointManager:
 
     def _check_shapes(self, path: Path) -> None:
         self._warn_model_differences(path)
-        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved = read_metadata(path).state_dict_metadata
         for key, value in get_model_state_dict(self.model).items():
             meta = saved.get(f"model.{key}")
             if meta is None:
@@ -236,7 +237,7 @@ class CheckpointManager:
     def _check_loader_state(self, path: Path) -> None:
         """The saved loader state must be the kind this run's reader loads (text and prepared
         shards keep different state); DCP would only say 'missing key'."""
-        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved = read_metadata(path).state_dict_metadata
         missing = [
             k
             for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")

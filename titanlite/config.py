@@ -235,8 +235,19 @@ def load(argv: list[str]) -> JobConfig:
     path, rest = split_config_arg(argv)
     if path is not None:
         cfg_path = resolve_config_path(path)
+        if cfg_path.is_dir():
+            raise ConfigError(
+                f"--config {path}: {cfg_path} is a folder; pass a .toml file (presets are in "
+                "train_configs/)"
+            )
         try:
-            data = tomllib.loads(cfg_path.read_text())
+            data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason}); TOML files are UTF-8"
+            ) from None
+        except OSError as e:
+            raise ConfigError(f"{cfg_path}: cannot read it ({e.strerror})") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{cfg_path}: not valid TOML: {e}") from None
         _apply_toml(cfg, data, str(cfg_path))
