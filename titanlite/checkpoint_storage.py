@@ -271,6 +271,7 @@ def load_full_state_dict(path: Path, keys: list[str] | None = None) -> dict[str,
     problems = verify(path, checksums=False)
     if problems:
         raise CheckpointError("; ".join(problems[:3]))
+    read_metadata(path)  # refused here with its own message; DCP would wrap it in its own
     sd: dict[str, Any] = {}
     _load_state_dict(
         sd,
