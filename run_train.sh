@@ -56,7 +56,9 @@ WORLD_SIZE="$NGPU" "$PYTHON" -m titanlite.preflight --config "$config" ${args[@]
 
 # torchrun forwards SIGUSR1 too (a preemption notice; by default it would kill torchrun), and
 # waits STOP_GRACE_SECONDS for the ranks' final checkpoint; see titanlite/preemption.py.
-exec "$PYTHON" -m torch.distributed.run --nproc_per_node="$NGPU" --nnodes=1 --standalone \
+# titanlite.launch is torchrun in the same process (signals reach it as before) that ends with a
+# failed rank's own line and exit code, keeping torchrun's report in job.dump_folder/torchrun.log.
+exec "$PYTHON" -m titanlite.launch --nproc_per_node="$NGPU" --nnodes=1 --standalone \
     --max-restarts "${MAX_RESTARTS:-0}" --signals_to_handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
     --shutdown_timeout "${STOP_GRACE_SECONDS:-300}" --local-ranks-filter "$LOG_RANK" \
-    -m titanlite.train --config "$config" ${args[@]+"${args[@]}"}
+    -m titanlite.rank titanlite.train --config "$config" ${args[@]+"${args[@]}"}

@@ -42,6 +42,17 @@ _UNITS = {
 }
 
 
+def _check_destination(dst: Path) -> None:
+    """Refuse, before any reading, a destination that exists or whose parent is a file."""
+    if dst.exists():
+        raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
+    parent = dst.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"destination {dst}: {parent} is a file, not a folder")
+
+
 def dcp_to_torch(src: Path, dst: Path, everything: bool) -> None:
     sd = load_full_state_dict(src, None if everything else ["model"])
     if not everything:
@@ -122,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
+        _check_destination(args.dst)
         if args.direction == "dcp-to-torch":
             dcp_to_torch(args.src, args.dst, args.all)
         elif args.direction == "torch-to-dcp":
@@ -145,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                 hf_checkpoint.hf_to_dcp(args.src, args.dst, dtype=dtype, report=_stderr)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"convert_checkpoint: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the disk or a path refused: say which, in one line
+        where = e.filename or args.dst
+        print(f"convert_checkpoint: error: {where}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"wrote {args.dst} in {time.perf_counter() - start:.1f}s")
     return 0

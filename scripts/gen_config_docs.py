@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 from titanlite.config import _default
-from titanlite.config_schema import UNIMPLEMENTED_SECTIONS, JobConfig
+from titanlite.config_schema import (
+    FIXED_KEYS,
+    IGNORED_KEYS,
+    RENAMED_KEYS,
+    RENAMED_SECTIONS,
+    UNIMPLEMENTED_SECTIONS,
+    JobConfig,
+)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
@@ -44,6 +51,15 @@ def render() -> str:
     for name, keys in UNIMPLEMENTED_SECTIONS.items():
         shown = ", ".join(f"`{k} = {v!r}`" for k, v in keys.items()) or "any content"
         out.append(f"- `[{name}]`: {shown}")
+    out.append("\n## TorchTitan spellings accepted (with a one-line note)\n")
+    for (sec, key), (new_sec, new_key) in RENAMED_KEYS.items():
+        out.append(f"- `[{sec}] {key}` is `[{new_sec}] {new_key}`")
+    for old_name, new_name in RENAMED_SECTIONS.items():
+        out.append(f"- `[{old_name}]` is `[{new_name}]`")
+    for (sec, key), value in FIXED_KEYS.items():
+        out.append(f"- `[{sec}] {key}`: accepted only as `{value!r}`")
+    for (sec, key), why in IGNORED_KEYS.items():
+        out.append(f"- `[{sec}] {key}`: ignored; {why}")
     return "\n".join(out) + "\n"
 
 

@@ -25,8 +25,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -39,11 +37,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 from titanlite.checkpoint_storage import (
     CheckpointError,
     ChecksummingWriter,
+    SafeFileSystemReader,
     SafeLoadPlanner,
     complete_steps,
     file_crc32,
     partial_dir,
     read_manifest,
+    read_metadata,
     step_dir,
     verify,
     write_manifest,
@@ -236,14 +236,15 @@ class CheckpointManager:
         return True
 
     def _load(self, path: Path, keys: list[str]) -> None:
+        # The model's key names and shapes were checked by preflight (check_checkpoint).
         self._check_files(path)
-        self._check_shapes(path)
+        self._warn_model_differences(path)
         if "dataloader" in keys:
             self._check_loader_state(path)
         start = time.perf_counter()
         dcp.load(
             {k: self.states[k] for k in keys},
-            checkpoint_id=str(path),
+            storage_reader=SafeFileSystemReader(str(path)),
             planner=SafeLoadPlanner(),
             process_group=self.pg,
         )
@@ -258,20 +259,6 @@ class CheckpointManager:
         if found:
             raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
 
-    def _check_shapes(self, path: Path) -> None:
-        self._warn_model_differences(path)
-        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        model_sd: dict[str, torch.Tensor] = get_model_state_dict(self.model)  # type: ignore[assignment]
-        for key, value in model_sd.items():
-            meta = saved.get(f"model.{key}")
-            if not isinstance(meta, TensorStorageMetadata):
-                raise CheckpointError(f"checkpoint {path} has no model key '{key}'")
-            if tuple(meta.size) != tuple(value.shape):
-                raise CheckpointError(
-                    f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the "
-                    f"model (as configured) has {tuple(value.shape)}"
-                )
-
     def _warn_model_differences(self, path: Path) -> None:
         saved = (read_manifest(path).get("model_config") or {}).get("args")
         mine = (self.model_config or {}).get("args")
@@ -284,7 +271,7 @@ class CheckpointManager:
     def _check_loader_state(self, path: Path) -> None:
         """The saved loader state must be the kind this run's reader loads (text and prepared
         shards keep different state); DCP would only say 'missing key'."""
-        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved = read_metadata(path).state_dict_metadata
         missing = [
             k
             for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")

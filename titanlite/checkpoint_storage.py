@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import re
 import threading
 import warnings
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 MANIFEST = "manifest.json"
@@ -120,6 +122,82 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+# What DCP's `.metadata` pickle may name: its own dataclasses (torch/distributed/checkpoint/
+# metadata.py), the filesystem writer's _StorageInfo, torch.Size, dtypes, layouts by name, and
+# the path DCP records as the checkpoint id. Read with plain pickle (as torch's FileSystemReader
+# does), a crafted `.metadata` could run any code; this list is all a real one needs.
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "Path"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, stream: Any, where: str):
+        super().__init__(stream)
+        self.where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch.distributed.checkpoint.metadata as dcp_metadata
+
+        obj = getattr(dcp_metadata, name, None) if module == _METADATA_MODULE else None
+        if isinstance(obj, type) and obj.__module__ == _METADATA_MODULE:
+            return obj
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        raise CheckpointError(
+            f"{self.where} names {module}.{name}, which DCP metadata never holds; refusing to "
+            "unpickle it (loading a checkpoint runs no code from it)"
+        )
+
+
+def load_metadata(stream: Any, where: str) -> Metadata:
+    """DCP's Metadata from a `.metadata` stream, admitting only the classes it is made of."""
+    try:
+        metadata = _MetadataUnpickler(stream, where).load()
+    except CheckpointError:
+        raise
+    except Exception as e:  # truncated or garbage: pickle raises many kinds
+        raise CheckpointError(f"{where} is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{where} holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
+
+
+def read_metadata(path: Path) -> Metadata:
+    """The DCP metadata of checkpoint folder `path`, read safely."""
+    f = Path(path) / ".metadata"
+    if not f.is_file():
+        raise CheckpointError(f"{f} is missing")
+    with f.open("rb") as stream:
+        return load_metadata(stream, str(f))
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """torch's FileSystemReader with `.metadata` read by the restricted unpickler above (torch
+    2.13's uses plain pickle.load); the tensors and bytes go through SafeLoadPlanner."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = load_metadata(stream, str(path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        assert metadata.storage_meta is not None
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
 def write_manifest(path: Path, records: dict[str, dict[str, int]], info: dict[str, Any]) -> None:
     manifest = {**info, "files": dict(sorted(records.items()))}
     tmp = path / (MANIFEST + ".tmp")
@@ -191,16 +269,16 @@ class _SafeEmptyLoadPlanner(DefaultLoadPlanner):
 
 def load_full_state_dict(path: Path, keys: list[str] | None = None) -> dict[str, Any]:
     """A whole checkpoint (or its `keys`) as full tensors in this process, from any layout."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     problems = verify(path, checksums=False)
     if problems:
         raise CheckpointError("; ".join(problems[:3]))
+    read_metadata(path)  # refused here with its own message; DCP would wrap it in its own
     sd: dict[str, Any] = {}
     _load_state_dict(
         sd,
-        storage_reader=FileSystemReader(str(path)),
+        storage_reader=SafeFileSystemReader(str(path)),
         planner=_SafeEmptyLoadPlanner(),
         no_dist=True,
     )

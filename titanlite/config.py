@@ -10,13 +10,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
+import sys
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from titanlite.config_schema import UNIMPLEMENTED_SECTIONS, JobConfig
+from titanlite.config_schema import (
+    FIXED_KEYS,
+    IGNORED_KEYS,
+    RENAMED_KEYS,
+    RENAMED_SECTIONS,
+    UNIMPLEMENTED_SECTIONS,
+    JobConfig,
+)
 
 
 class ConfigError(ValueError):
@@ -66,7 +75,8 @@ def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
         return None
     if typing.get_origin(base) is list:
         item_tp = typing.get_args(base)[0]
-        if from_cli:
+        # TorchTitan's TOMLs write lists as comma-separated strings too (filter_fqns = 'output').
+        if from_cli or isinstance(value, str):
             value = [v.strip() for v in str(value).split(",") if v.strip()]
         if not isinstance(value, list):
             raise ValueError
@@ -109,6 +119,26 @@ def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
 
 
 def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli: bool) -> None:
+    if (section, key) in RENAMED_KEYS:
+        new_section, new_key = RENAMED_KEYS[(section, key)]
+        note(
+            f"{origin}: [{section}] {key} is TorchTitan's name; titanlite spells it "
+            f"[{new_section}] {new_key}"
+        )
+        section, key = new_section, new_key
+    elif (section, key) in FIXED_KEYS:
+        fixed = FIXED_KEYS[(section, key)]
+        value = _coerce(raw, list[str], from_cli) if isinstance(fixed, list) else raw
+        if (sorted(value) if isinstance(fixed, list) else value) != (
+            sorted(fixed) if isinstance(fixed, list) else fixed
+        ):
+            raise ConfigError(
+                f"{origin}: [{section}] {key} = {raw!r}: titanlite supports only {fixed!r}"
+            )
+        return
+    elif (section, key) in IGNORED_KEYS:
+        note(f"{origin}: [{section}] {key} = {raw!r} is ignored: {IGNORED_KEYS[(section, key)]}")
+        return
     where = f"{origin}: [{section}] {key}"
     if not hasattr(cfg, section):
         options = [f.name for f in dataclasses.fields(JobConfig)]
@@ -148,13 +178,47 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default
 
 
+def note(message: str) -> None:
+    """A one-line note on stderr, once per launch (the preflight and rank 0, not every rank)."""
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("TITANLITE_NOTES", "1") != "0":
+        print(f"titanlite: note: {message}", file=sys.stderr)
+
+
+def _flatten_tables(data: dict[str, Any]) -> dict[str, Any]:
+    """TorchTitan's nested tables ([quantize.linear.float8]) under the dotted name titanlite
+    maps; other sections as they are."""
+    out = dict(data)
+    for dotted in RENAMED_SECTIONS:
+        head, *rest = dotted.split(".")
+        node = out.get(head)
+        for part in rest:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            out[dotted] = node
+            parent = out[head]
+            for part in rest[:-1]:
+                parent = parent[part]
+            del parent[rest[-1]]
+            if not _has_values(out[head]):
+                del out[head]
+    return out
+
+
+def _has_values(table: Any) -> bool:
+    return not isinstance(table, dict) or any(_has_values(v) for v in table.values())
+
+
 def _apply_toml(cfg: JobConfig, data: dict[str, Any], origin: str) -> None:
-    for section, body in data.items():
+    for section, body in _flatten_tables(data).items():
         if section in UNIMPLEMENTED_SECTIONS:
             _check_unimplemented(section, body, origin)
             continue
         if not isinstance(body, dict):
             raise ConfigError(f"{origin}: '{section}' must be a [section] table, got {body!r}")
+        if section in RENAMED_SECTIONS:
+            new = RENAMED_SECTIONS[section]
+            note(f"{origin}: [{section}] is TorchTitan's name; titanlite spells it [{new}]")
+            section = new
         for key, value in body.items():
             _set(cfg, section, key, value, origin, from_cli=False)
 
@@ -242,8 +306,19 @@ def load(argv: list[str]) -> JobConfig:
     path, rest = split_config_arg(argv)
     if path is not None:
         cfg_path = resolve_config_path(path)
+        if cfg_path.is_dir():
+            raise ConfigError(
+                f"--config {path}: {cfg_path} is a folder; pass a .toml file (presets are in "
+                "train_configs/)"
+            )
         try:
-            data = tomllib.loads(cfg_path.read_text())
+            data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason}); TOML files are UTF-8"
+            ) from None
+        except OSError as e:
+            raise ConfigError(f"{cfg_path}: cannot read it ({e.strerror})") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{cfg_path}: not valid TOML: {e}") from None
         _apply_toml(cfg, data, str(cfg_path))

@@ -160,7 +160,9 @@ class Parallelism:
     pipeline_parallel_split_points: list[str] = opt(
         [], "pipeline stage boundaries", unsupported=True
     )
-    pipeline_parallel_schedule: str = opt("1F1B", "pipeline schedule", unsupported=True)
+    # Only read with pipeline_parallel_degree > 1, which is refused; TorchTitan's debug TOML
+    # names a schedule with degree 1.
+    pipeline_parallel_schedule: str = opt("1F1B", "pipeline schedule (no effect: no pipelining)")
     pipeline_parallel_microbatch_size: int = opt(1, "pipeline micro-batch", unsupported=True)
     context_parallel_degree: int = opt(1, "context-parallel ranks", unsupported=True)
     context_parallel_rotate_method: str = opt(
@@ -278,4 +280,33 @@ UNIMPLEMENTED_SECTIONS: dict[str, dict[str, Any]] = {
     "fault_tolerance": {"enable": False},
     "memory_estimation": {"enabled": False, "disable_fake_mode": False},
     "mx": {},
+}
+
+
+# TorchTitan's spellings of keys titanlite has under another name, (section, key) -> (section,
+# key): accepted, with a one-line note giving titanlite's spelling. Older and newer TorchTitan
+# releases differ here (local_batch_size was batch_size; v0.2 moved checkpoint, compile,
+# float8 and validation switches and replaced tokenizer_path by hf_assets_path).
+RENAMED_KEYS: dict[tuple[str, str], tuple[str, str]] = {
+    ("training", "batch_size"): ("training", "local_batch_size"),
+    ("model", "hf_assets_path"): ("model", "tokenizer_path"),
+    ("checkpoint", "enable"): ("checkpoint", "enable_checkpoint"),
+    ("checkpoint", "last_save_model_only"): ("checkpoint", "last_save_model_weights_only"),
+    ("lr_scheduler", "min_lr_factor"): ("lr_scheduler", "lr_min"),
+    ("validation", "enable"): ("validation", "enabled"),
+    ("compile", "enable"): ("training", "compile"),
+}
+# TorchTitan's nested tables that are one titanlite section.
+RENAMED_SECTIONS: dict[str, str] = {"quantize.linear.float8": "float8"}
+# TorchTitan keys for things titanlite does differently: accepted at these values (what
+# titanlite does anyway), refused otherwise.
+FIXED_KEYS: dict[tuple[str, str], Any] = {
+    # titanlite compiles the blocks and the loss together when training.compile is on.
+    ("compile", "components"): ["model", "loss"],
+}
+# TorchTitan keys that name things titanlite has no counterpart for and that have no effect
+# here: accepted with a note saying what titanlite reads instead.
+IGNORED_KEYS: dict[tuple[str, str], str] = {
+    ("validation", "dataset"): "titanlite has no named validation sets; it validates on "
+    "validation.dataset_path",
 }

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
@@ -42,6 +41,7 @@ from models.llama.args import LlamaArgs
 from titanlite import checkpoint
 from titanlite.checkpoint_storage import (
     CheckpointError,
+    SafeFileSystemReader,
     read_manifest,
     save_full_state_dict,
     verify,
@@ -243,7 +243,7 @@ class _DcpTensors:
     """One tensor at a time, whole, from a DCP checkpoint of any layout."""
 
     def __init__(self, path: Path):
-        self.reader = FileSystemReader(str(path))
+        self.reader = SafeFileSystemReader(str(path))
         self.metadata = self.reader.read_metadata()
         # Read once, not once per tensor.
         self.reader.read_metadata = lambda *a, **k: self.metadata  # type: ignore[method-assign]

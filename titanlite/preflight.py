@@ -122,6 +122,7 @@ def check(
         vocab_size = tokenizer.vocab_size
     else:  # a dry run planning for files that live on the cluster
         tokenizer_path = Path(job.model.tokenizer_path)
+    check_seq_len(job)
     args = model_args(job, vocab_size)
     try:
         args.check()
@@ -182,9 +183,150 @@ def check(
             validation = open_dataset(
                 Path(job.validation.dataset_path), tokenizer, "validation.dataset_path"
             )
+    if not planning:
+        check_output_paths(job)
+        check_first_window(dataset, tokenizer, t.seq_len, t.dataset_text_field, "training")
+        if validation is not None:
+            v = job.validation
+            check_first_window(
+                validation, tokenizer, v.seq_len or t.seq_len, t.dataset_text_field, "validation"
+            )
+        check_checkpoint(job, args)
     if job.profiling.enable_profiling and job.profiling.profile_freq < 2:
         raise ConfigError("[profiling] profile_freq must be >= 2 (one warm-up step, one traced)")
     return Preflight(dims, args, tokenizer_path, dataset, validation, accum)
+
+
+def check_seq_len(job: JobConfig) -> None:
+    """training.seq_len within what the flavor is made for: the RoPE table is sized from
+    seq_len, so an absurd value would otherwise try to allocate it (64 GB at 1e9)."""
+    from titanlite.families import get_family
+
+    limit = get_family(job.model.name).model.flavors[job.model.flavor].max_seq_len
+    if job.training.seq_len > limit:
+        raise ConfigError(
+            f"[training] seq_len = {job.training.seq_len} is beyond the model's max_seq_len of "
+            f"{limit} ({job.model.name} {job.model.flavor}); use at most {limit}"
+        )
+
+
+def check_output_paths(job: JobConfig) -> None:
+    """The dump and checkpoint folders can be created and written now, not at the first save
+    hours into the run."""
+    dump = Path(job.job.dump_folder)
+    folders = [("job.dump_folder", dump)]
+    if job.checkpoint.enable_checkpoint or job.checkpoint.create_seed_checkpoint:
+        folders.append(("checkpoint.folder", dump / job.checkpoint.folder))
+    for key, folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"{key}: {folder} is an existing file, not a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".titanlite-write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(
+                f"{key}: cannot write to {folder} ({e.strerror or e}); choose a writable folder"
+            ) from None
+
+
+def check_first_window(source, tokenizer, seq_len: int, text_field: str, what: str) -> None:
+    """The data holds at least one window of seq_len + 1 tokens. Prepared shards say so in their
+    manifest; text is read and tokenized from the start only until one window is full (a normal
+    corpus costs a few documents; one whose every record is malformed is read to the end)."""
+    from titanlite.data import DatasetError, ShardSet
+    from titanlite.data.documents import SkippedRecords, iter_documents
+
+    need = seq_len + 1
+    if isinstance(source, ShardSet):
+        if source.num_windows(seq_len) == 0:
+            raise DatasetError(
+                f"{source.key}: {source.manifest_file} holds {source.total_tokens} tokens, fewer "
+                f"than one window of {what} seq_len + 1 = {need}; prepare more data"
+            )
+        return
+    skipped, tokens, docs, batch = SkippedRecords(), 0, 0, []
+    for _, _, text in iter_documents(source, text_field, 0, 0, skipped):
+        docs += 1
+        batch.append(text)
+        if sum(map(len, batch)) >= need or len(batch) >= 64:
+            tokens += sum(map(len, tokenizer.encode_documents(batch)))
+            batch = []
+            if tokens >= need:
+                return
+    tokens += sum(map(len, tokenizer.encode_documents(batch))) if batch else 0
+    if tokens >= need:
+        return
+    where = f"{what} data ({len(source)} file(s), first {source[0]})"
+    if docs == 0:
+        example = f", e.g. {skipped.examples[0]}" if skipped.examples else ""
+        raise DatasetError(
+            f"{where}: no readable document; {skipped.count} malformed record(s){example}"
+        )
+    raise DatasetError(
+        f"{where}: holds {tokens} tokens, fewer than one window of seq_len + 1 = {need}; "
+        "add data or lower the seq_len"
+    )
+
+
+def checkpoint_to_load(job: JobConfig) -> Path | None:
+    """The checkpoint the trainer will load, by the rules of CheckpointManager.load; None for a
+    fresh start. CheckpointError when checkpoint.load_step names no complete checkpoint."""
+    from titanlite.checkpoint_storage import CheckpointError, complete_steps, step_dir
+
+    c = job.checkpoint
+    if not (c.enable_checkpoint or c.create_seed_checkpoint):
+        return None
+    folder = Path(job.job.dump_folder) / c.folder
+    steps = complete_steps(folder)
+    if c.load_step >= 0:
+        if c.load_step not in steps:
+            raise CheckpointError(
+                f"checkpoint.load_step = {c.load_step}: {step_dir(folder, c.load_step)} "
+                f"is not a complete checkpoint (complete: {steps or 'none'})"
+            )
+        return step_dir(folder, c.load_step)
+    if steps:
+        return step_dir(folder, steps[-1])
+    return Path(c.initial_load_path) if c.initial_load_path else None
+
+
+def check_checkpoint(job: JobConfig, args) -> None:
+    """The checkpoint to load: its files all there at the manifest's sizes (the CRC pass, which
+    reads every byte, stays with the ranks), its `.metadata` readable by the restricted
+    unpickler, and its model tensors the configured model's shapes."""
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from titanlite.checkpoint_storage import CheckpointError, read_manifest, read_metadata, verify
+    from titanlite.families import get_family
+
+    path = checkpoint_to_load(job)
+    if path is None:
+        return
+    problems = verify(path, checksums=False)
+    if problems:
+        raise CheckpointError(f"cannot load {path}: " + "; ".join(problems[:3]))
+    keys = read_manifest(path).get("keys", ["model"])
+    if "model" not in keys or "model" in job.checkpoint.exclude_from_loading:
+        return
+    saved = read_metadata(path).state_dict_metadata
+    with torch.device("meta"):
+        model = get_family(job.model.name).model.model_cls(args)
+    for key, value in model.state_dict().items():
+        meta = saved.get(f"model.{key}")
+        if not isinstance(meta, TensorStorageMetadata):
+            raise CheckpointError(
+                f"checkpoint {path} has no model key '{key}': it holds another model "
+                f"than the configured {job.model.name} {job.model.flavor}"
+            )
+        if tuple(meta.size) != tuple(value.shape):
+            raise CheckpointError(
+                f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the model "
+                f"(as configured: {job.model.name} {job.model.flavor}) has "
+                f"{tuple(value.shape)}; point checkpoint.folder elsewhere or configure that model"
+            )
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -208,9 +350,24 @@ def run(argv: list[str], world_size: int) -> tuple[JobConfig, Preflight]:
     return job, check(job, world_size)
 
 
+def launched_world_size() -> int:
+    """WORLD_SIZE as run_train.sh sets it from NGPU (x nodes), checked: NGPU=abc or NGPU=0 is the
+    user's mistake and must be named as such, not as a parallelism degree."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(
+            f"NGPU={os.environ.get('NGPU', raw)}: expected a positive number of processes per node"
+        )
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        run(sys.argv[1:] if argv is None else argv, int(os.environ.get("WORLD_SIZE", "1")))
+        run(sys.argv[1:] if argv is None else argv, launched_world_size())
     except user_errors() as e:
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2

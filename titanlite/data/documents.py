@@ -125,7 +125,14 @@ def iter_file(
     """(record index, text) of one file's non-empty documents, from `first_record` on."""
     if path.suffix in TEXT_SUFFIXES:
         if first_record == 0:
-            whole = path.read_text(encoding="utf-8", errors="replace")
+            raw = path.read_bytes()
+            try:
+                whole = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                # Replacing bad bytes would train on U+FFFD silently: the file is skipped and
+                # counted like a malformed jsonl line, with where the first bad byte is.
+                skipped.add(f"{path}", f"not UTF-8 (byte {e.start}: {e.reason})")
+                return
             if whole.strip():
                 yield 0, whole
     elif path.suffix in PARQUET_SUFFIXES:

@@ -118,22 +118,45 @@ def _write_json(path: Path, obj: Any, indent: int | None = None) -> None:
     tmp.replace(path)
 
 
+def _file_crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
 def _finished(
-    out: Path, index: int, piece: list[Segment], text_field: str, fingerprint: str
-) -> dict | None:
-    """The shard's entry if an earlier run completed it from this same piece."""
+    out: Path, index: int, piece: list[Segment], text_field: str, fingerprint: str, itemsize: int
+) -> tuple[dict | None, str | None]:
+    """(the shard's entry, None) if an earlier run completed it from this same piece and its
+    files still match the record; else (None, what is wrong, or None if it was never made)."""
     name = f"shard_{index:05d}"
     try:
         entry = json.loads((out / f"{name}.json").read_text())
     except (OSError, ValueError):
-        return None
+        return None, None
     same = (
         entry.get("source") == [dataclasses.asdict(s) for s in piece]
         and entry.get("text_field") == text_field
         and entry.get("tokenizer") == fingerprint
     )
-    sizes_ok = all((out / f"{name}.{ext}").is_file() for ext in ("bin", "idx"))
-    return entry if same and sizes_ok else None
+    if not same:
+        return None, None
+    # The record is only a claim: a shard truncated, bit-flipped or deleted since must be made
+    # again, as every shard error message promises.
+    for ext, size, crc in (
+        ("bin", entry["tokens"] * itemsize, entry["bin_crc32"]),
+        ("idx", (entry["documents"] + 1) * 8, entry["idx_crc32"]),
+    ):
+        f = out / f"{name}.{ext}"
+        if not f.is_file():
+            return None, f"{f} is missing"
+        if f.stat().st_size != size:
+            return None, f"{f} has {f.stat().st_size} bytes, its record says {size}"
+        if _file_crc32(f) != crc:
+            return None, f"{f} does not match its recorded CRC32"
+    return entry, None
 
 
 def _refuse_other_tokenizer(out: Path, tok: Tokenizer) -> None:
@@ -190,7 +213,12 @@ def prepare(
     under `output`; return the manifest. workers = 1 tokenizes in this process."""
     tok_path = resolve_tokenizer_path(tokenizer_path)
     tok = Tokenizer(tok_path)
-    output.mkdir(parents=True, exist_ok=True)
+    if output.exists() and not output.is_dir():
+        raise DatasetError(f"--output {output} is an existing file; give a folder")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(f"--output {output}: cannot create it ({e.strerror or e})") from None
     _refuse_other_tokenizer(output, tok)
     target = max(1, int(shard_mb * 2**20))
     if hf is not None:
@@ -201,12 +229,15 @@ def prepare(
     dtype = dtype_for(tok.vocab_size)
     entries: dict[int, dict] = {}
     todo = []
+    itemsize = np.dtype(dtype).itemsize
     for i, piece in enumerate(pieces):
-        done = _finished(output, i, piece, text_field, tok.fingerprint)
+        done, damage = _finished(output, i, piece, text_field, tok.fingerprint, itemsize)
         if done is not None:
             entries[i] = done
         else:
             todo.append(i)
+            if damage and not quiet:
+                print(f"prepare: {damage}; making that shard again", file=sys.stderr)
     for stale in output.glob("shard_*"):  # shards of an earlier plan beyond this one's end
         if int(stale.name[6:11]) >= len(pieces):
             stale.unlink()
@@ -229,6 +260,13 @@ def prepare(
         if progress.tty:
             print(file=sys.stderr)
     manifest = _manifest(entries, tok, dtype, text_field, sources)
+    if manifest["tokens"] == 0:  # a manifest of no shards would only fail later, in training
+        example = manifest["skipped_examples"][:1]
+        raise DatasetError(
+            f"the input yields no tokens ({manifest['skipped_records']} malformed records"
+            + (f", e.g. {example[0]}" if example else "")
+            + "); nothing to train on"
+        )
     _write_json(output / MANIFEST, manifest, indent=1)
     return manifest
 

@@ -56,18 +56,24 @@ class Tokenizer:
     def _special_names(self) -> tuple[str, str]:
         cfg_path = self.path.parent / "tokenizer_config.json"
         if cfg_path.is_file():
-            cfg = json.loads(cfg_path.read_text())
+            try:
+                cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise TokenizerError(f"{cfg_path}: cannot read it ({e})") from None
 
             def name(v: object) -> str | None:
                 return v.get("content") if isinstance(v, dict) else v  # type: ignore[return-value]
 
             bos, eos = name(cfg.get("bos_token")), name(cfg.get("eos_token"))
-            if (
-                bos
-                and eos
-                and self._tok.token_to_id(bos) is not None
-                and self._tok.token_to_id(eos) is not None
-            ):
+            # A named token missing from the vocabulary is a mismatched pair of files; falling
+            # back to a conventional pair would frame documents with tokens nobody asked for.
+            for role, tok in (("bos_token", bos), ("eos_token", eos)):
+                if tok and self._tok.token_to_id(tok) is None:
+                    raise TokenizerError(
+                        f"{cfg_path}: {role} {tok!r} is not in the vocabulary of {self.path}; "
+                        "fix tokenizer_config.json or use the tokenizer.json it belongs with"
+                    )
+            if bos and eos:
                 return bos, eos
         for bos, eos in _KNOWN_PAIRS:
             if self._tok.token_to_id(bos) is not None and self._tok.token_to_id(eos) is not None:

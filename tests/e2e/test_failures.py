@@ -1,0 +1,345 @@
+"""Failure handling through the real entry points (issue 14, sections 1, 3, 4, 5): every case is
+one line, the right exit code, and nothing lost. Preflight cases stop before torchrun, so they
+are cheap and run two at a time; the cases only a rank can see go through titanlite.launch."""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, check, clean_env, run_script
+
+TINY = [
+    "--training.steps",
+    "1",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.enable_tensorboard",
+    "false",
+]
+BUILTIN_TOKENIZER = ROOT / "titanlite" / "assets" / "tokenizer" / "tokenizer.json"
+CORPUS = ROOT / "titanlite" / "assets" / "corpus"
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def expect(proc: subprocess.CompletedProcess, code: int, *parts: str) -> None:
+    line = last_line(proc)
+    assert proc.returncode == code and all(p in line for p in parts), (
+        f"exit {proc.returncode}, last line {line!r}\n{proc.stderr[-3000:]}"
+    )
+
+
+def train(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return run_script("run_train.sh", [*TINY, *args], timeout=300, **env)
+
+
+def script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *map(str, args)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+class _Exploit:
+    """What a crafted `.metadata` holds: unpickling it with plain pickle runs os.system."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def craft_metadata(ckpt: Path, marker: Path) -> None:
+    """Replace `.metadata` by an exploit and fix the manifest's record of it, as an attacker
+    would, so that only the unpickler stands in the way."""
+    meta = ckpt / ".metadata"
+    meta.write_bytes(pickle.dumps(_Exploit(marker)))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][".metadata"] = {
+        "size": meta.stat().st_size,
+        "crc32": zlib.crc32(meta.read_bytes()),
+    }
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    """A real 1-step run with a checkpoint (step-1), copied by the tests that damage it."""
+    folder = tmp_path_factory.mktemp("saved_run")
+    check(train(["--job.dump_folder", str(folder), "--checkpoint.enable_checkpoint"]))
+    assert (folder / "checkpoint" / "step-1" / "manifest.json").is_file()
+    return folder
+
+
+def copy_run(saved_run: Path, dst: Path) -> Path:
+    shutil.copytree(saved_run / "checkpoint", dst / "checkpoint")
+    return dst / "checkpoint" / "step-1"
+
+
+def in_pairs(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
+    """Run {name: (args, env)} through run_train.sh two at a time (the CI machine has 2 cores)."""
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(train, args, **env) for name, (args, env) in cases.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.slow
+def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path):
+    runs = {}
+    for name in ("truncated", "no_metadata", "other_model", "load_step", "crafted"):
+        runs[name] = tmp_path / name
+        runs[name].mkdir()
+    ck = copy_run(saved_run, runs["truncated"])
+    distcp = next(ck.glob("*.distcp"))
+    with distcp.open("r+b") as f:
+        f.truncate(distcp.stat().st_size // 2)
+    (copy_run(saved_run, runs["no_metadata"]) / ".metadata").unlink()
+    copy_run(saved_run, runs["other_model"])
+    copy_run(saved_run, runs["load_step"])
+    marker = tmp_path / "exploit-ran"
+    craft_metadata(copy_run(saved_run, runs["crafted"]), marker)
+
+    def args(name: str, *extra: str) -> tuple:
+        return (
+            ["--job.dump_folder", str(runs[name]), "--checkpoint.enable_checkpoint", *extra],
+            {},
+        )
+
+    got = in_pairs(
+        {
+            "truncated": args("truncated"),
+            "no_metadata": args("no_metadata"),
+            "other_model": args("other_model", "--model.dim", "128"),
+            "load_step": args("load_step", "--checkpoint.load_step", "7"),
+            "crafted": args("crafted"),
+        }
+    )
+    expect(got["truncated"], 2, "titanlite: error: cannot load", distcp.name, "(truncated?)")
+    expect(got["no_metadata"], 2, "titanlite: error: cannot load", ".metadata is missing")
+    expect(got["other_model"], 2, "model key 'tok_embeddings.weight' has shape (512, 256)")
+    expect(got["load_step"], 2, "checkpoint.load_step = 7", "complete: [1]")
+    expect(got["crafted"], 2, "names posix.system", "refusing to unpickle")
+    assert not marker.exists()
+    for proc in got.values():  # preflight stopped them: no torchrun, no traceback
+        assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+    # What was there is kept: the refused checkpoints are untouched.
+    assert next((runs["truncated"] / "checkpoint" / "step-1").glob("*.distcp")).exists()
+
+
+@pytest.mark.slow
+def test_errors_only_a_rank_sees_end_the_output_with_its_line_and_exit_code(saved_run, tmp_path):
+    # A bit flip keeps the size (preflight passes) and only the ranks' CRC pass sees it: the
+    # line comes from rank 0 through titanlite.launch, torchrun's report goes to torchrun.log.
+    ck = copy_run(saved_run, tmp_path)
+    distcp = next(ck.glob("*.distcp"))
+    with distcp.open("r+b") as f:
+        f.seek(1000)
+        b = f.read(1)
+        f.seek(1000)
+        f.write(bytes([b[0] ^ 0xFF]))
+    proc = train(["--job.dump_folder", str(tmp_path), "--checkpoint.enable_checkpoint"])
+    expect(proc, 2, "titanlite: error: cannot load", "is corrupted (CRC32 differs")
+    assert "ChildFailedError" not in proc.stderr and "=====" not in proc.stderr
+    assert "exitcode  : 2" in (tmp_path / "torchrun.log").read_text()
+
+
+@pytest.mark.slow
+def test_shard_crc_mismatch_through_run_train(tmp_path):
+    shards = tmp_path / "shards"
+    check(script("prepare_data.py", CORPUS, "--output", shards, "--workers", "1"))
+    bin_file = next(shards.glob("shard_*.bin"))
+    with bin_file.open("r+b") as f:  # same size, other bytes: only the CRC pass can tell
+        f.seek(101)
+        b = f.read(1)
+        f.seek(101)
+        f.write(bytes([b[0] ^ 0x01]))
+    proc = train(
+        ["--job.dump_folder", str(tmp_path / "run"), "--training.dataset_path", str(shards)]
+    )
+    expect(proc, 2, "titanlite: error:", bin_file.name, "is corrupted")
+    assert "ChildFailedError" not in proc.stderr
+
+
+def fake_rank_module(folder: Path) -> Path:
+    (folder / "fake_rank.py").write_text(
+        "import os, signal, sys\n"
+        "def main(argv):\n"
+        "    code = int(argv[0])\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        if code == 1:\n"
+        "            raise ValueError('a bug, not the user')\n"
+        "        print(f'rank 1 says goodbye with {code}', file=sys.stderr)\n"
+        "        return code\n"
+        "    signal.pause()  # rank 0 waits to be stopped by torchrun\n"
+    )
+    return folder
+
+
+@pytest.mark.slow
+def test_launcher_passes_the_rank_code_and_line(tmp_path):
+    # titanlite.launch itself, on a stand-in rank module (no model): the exit codes a rank uses
+    # on purpose come out unchanged with the rank's last line; a crash names the rank.
+    fake_rank_module(tmp_path)
+
+    def launch(code: int) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "titanlite.launch", "--nproc_per_node=2", "--standalone"]
+        cmd += ["-m", "titanlite.rank", "fake_rank", str(code), "--job.dump_folder", str(tmp_path)]
+        env = clean_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(2) as pool:
+        got = dict(zip((3, 75, 130, 1), pool.map(launch, (3, 75, 130, 1))))
+    for code in (3, 75, 130):
+        expect(got[code], code, f"rank 1 says goodbye with {code}")
+        assert "ChildFailedError" not in got[code].stderr
+    expect(got[1], 1, "titanlite: error: rank 1 exited with code 1: ValueError: a bug")
+
+
+def tokenizer_with_config(folder: Path, **cfg: str) -> Path:
+    folder.mkdir()
+    shutil.copy(BUILTIN_TOKENIZER, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.slow
+def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    (tmp_path / "ckfile").mkdir()
+    (tmp_path / "ckfile" / "checkpoint").write_text("x")
+    bad_toml = tmp_path / "latin1.toml"
+    bad_toml.write_bytes(b'[job]\ndescription = "caf\xe9"\n')
+    malformed = tmp_path / "malformed"
+    malformed.mkdir()
+    (malformed / "a.jsonl").write_text('{"text": 1}\nnot json\n{"other": "x"}\n')
+    latin1 = tmp_path / "latin1"
+    latin1.mkdir()
+    (latin1 / "a.txt").write_bytes(b"caf\xe9 " * 200)
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "a.txt").write_text("hello world")
+    tok = tokenizer_with_config(tmp_path / "tok", bos_token="<nope>", eos_token="<|end_of_text|>")
+    dump = ["--job.dump_folder", str(tmp_path / "out")]
+    cases = {
+        "dump_is_file": (["--job.dump_folder", str(a_file)], {}),
+        "ckpt_is_file": (
+            ["--job.dump_folder", str(tmp_path / "ckfile"), "--checkpoint.enable_checkpoint"],
+            {},
+        ),
+        "unwritable": (["--job.dump_folder", "/proc/titanlite-cannot-write-here"], {}),
+        "config_folder": (["--config", str(tmp_path), *dump], {}),
+        "config_latin1": (["--config", str(bad_toml), *dump], {}),
+        "ngpu_abc": (dump, {"NGPU": "abc"}),
+        "ngpu_0": (dump, {"NGPU": "0"}),
+        "seq_len": ([*dump, "--training.seq_len", "1000000000"], {}),
+        "bos_missing": ([*dump, "--model.tokenizer_path", str(tok)], {}),
+        "jsonl_malformed": ([*dump, "--training.dataset_path", str(malformed)], {}),
+        "text_not_utf8": ([*dump, "--training.dataset_path", str(latin1)], {}),
+        "text_short": ([*dump, "--training.dataset_path", str(short)], {}),
+    }
+    got = in_pairs(cases)
+    expect(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
+    expect(got["ckpt_is_file"], 2, "checkpoint.folder:", "is an existing file")
+    expect(got["unwritable"], 2, "job.dump_folder: cannot write to /proc/titanlite-cannot")
+    expect(got["config_folder"], 2, f"{tmp_path} is a folder; pass a .toml file")
+    expect(got["config_latin1"], 2, "latin1.toml: not UTF-8 text (byte 24")
+    expect(got["ngpu_abc"], 2, "NGPU=abc: expected a positive number")
+    expect(got["ngpu_0"], 2, "NGPU=0: expected a positive number")
+    expect(got["seq_len"], 2, "seq_len = 1000000000 is beyond the model's max_seq_len of 131072")
+    expect(got["bos_missing"], 2, "bos_token '<nope>' is not in the vocabulary")
+    expect(got["jsonl_malformed"], 2, "no readable document; 3 malformed record(s)", "a.jsonl:1")
+    expect(got["text_not_utf8"], 2, "no readable document; 1 malformed", "a.txt: not UTF-8")
+    expect(got["text_short"], 2, "tokens, fewer than one window of seq_len + 1 = 65")
+    for proc in got.values():
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert a_file.read_text() == "x"  # nothing overwritten
+
+
+@pytest.mark.slow
+def test_shards_shorter_than_one_window_through_run_train(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("a few words, far fewer than one window")
+    check(script("prepare_data.py", short, "--output", tmp_path / "shards", "--workers", "1"))
+    proc = train(
+        [
+            "--job.dump_folder",
+            str(tmp_path / "run"),
+            "--training.dataset_path",
+            str(tmp_path / "shards"),
+        ]
+    )
+    expect(proc, 2, "tokens, fewer than one window of training seq_len + 1 = 65")
+
+
+def test_prepare_data_rerun_remakes_damaged_shards_and_refuses_bad_destinations(tmp_path):
+    out = tmp_path / "shards"
+    check(
+        script("prepare_data.py", CORPUS, "--output", out, "--workers", "1", "--shard-mb", "0.05")
+    )
+    bins = sorted(out.glob("shard_*.bin"))
+    assert len(bins) >= 3
+    originals = {p.name: p.read_bytes() for p in out.glob("shard_*.*")}
+    with bins[0].open("r+b") as f:
+        f.truncate(10)
+    data = bytearray(bins[1].read_bytes())
+    data[5] ^= 0xFF
+    bins[1].write_bytes(bytes(data))
+    (out / bins[2].name.replace(".bin", ".idx")).unlink()
+    assert script("prepare_data.py", "--verify", out).returncode != 0
+    rerun = check(
+        script("prepare_data.py", CORPUS, "--output", out, "--workers", "1", "--shard-mb", "0.05")
+    )
+    assert rerun.stderr.count("making that shard again") == 3, rerun.stderr
+    assert check(script("prepare_data.py", "--verify", out)).stdout.rstrip().endswith(")")
+    assert {p.name: p.read_bytes() for p in out.glob("shard_*.*")} == originals
+
+    malformed = tmp_path / "bad.jsonl"
+    malformed.write_text('{"text": 1}\nnot json\n')
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for args, words in (
+        ((malformed, "--output", tmp_path / "none"), "the input yields no tokens (2 malformed"),
+        ((CORPUS, "--output", a_file), f"--output {a_file} is an existing file"),
+        ((CORPUS, "--output", a_file / "sub"), "cannot create it"),
+    ):
+        proc = script("prepare_data.py", *args, "--workers", "1")
+        expect(proc, 2, "prepare: error:", words)
+    assert not (tmp_path / "none" / "manifest.json").exists()
+    assert a_file.read_text() == "x"
+
+
+@pytest.mark.slow
+def test_convert_checkpoint_refuses_crafted_metadata_and_bad_destinations(saved_run, tmp_path):
+    ck = copy_run(saved_run, tmp_path)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for dst, words in (
+        (a_file, f"{a_file} already exists"),
+        (a_file / "model.pt", f"{a_file} is a file, not a folder"),
+    ):
+        expect(script("convert_checkpoint.py", "dcp-to-torch", ck, dst), 2, words)
+    good = tmp_path / "model.pt"
+    check(script("convert_checkpoint.py", "dcp-to-torch", ck, good))  # the real one loads
+    marker = tmp_path / "exploit-ran"
+    craft_metadata(ck, marker)
+    proc = script("convert_checkpoint.py", "dcp-to-torch", ck, tmp_path / "other.pt")
+    expect(proc, 2, "convert_checkpoint: error:", "names posix.system")
+    assert not marker.exists()
