@@ -389,16 +389,13 @@ def check_memory(ctx: Context) -> list[dict]:
     match = re.search(r"^\s+total\s+([\d.]+) GiB of", dry.stdout, re.M)
     predicted = float(match.group(1)) if match else None
     if ctx.cuda is None:
-        run = ctx.train("f_run", *args)
+        # The training run is left out: on CPU its memory_gib is the peak RSS, no comparison.
         why = "needs the CUDA caching allocator (no CUDA device here)"
         e = result("e", e_name, "SKIPPED", why, "a snapshot file that unpickles")
-        rss = max((r.get("memory_gib", 0) for r in _rows(ctx.work / "f_run")), default=None)
-        figure = (f"predicted {predicted:.3f} GiB" if predicted is not None else failure(dry)) + (
-            f"; CPU peak RSS {rss:.3f} GiB (not comparable)" if rss else f"; run {failure(run)}"
-        )
-        f = result("f", f_name, "SKIPPED", f"{why}: {figure}", f_bound)
-        if dry.returncode != 0 or run.returncode != 0:  # the code paths must still run
-            f["status"] = "FAIL"
+        if predicted is None:  # the dry run itself must still work
+            f = result("f", f_name, "FAIL", f"dry run: {failure(dry)}", f_bound)
+        else:
+            f = result("f", f_name, "SKIPPED", f"{why}; predicted {predicted:.3f} GiB", f_bound)
         return [e, f]
 
     run = ctx.train(
