@@ -48,7 +48,8 @@ def largest_fitting_layers(base: list[str], memory_gib: float, max_layers: int) 
     code = (
         "import sys\nfrom titanlite.config import load\nfrom titanlite.dry_run import plan\n"
         "job = load(sys.argv[2:])\n"
-        "p = plan(job, 1, 0, float(sys.argv[1]), 'cuda')\n"
+        # --memory-gib is already what is left after the headroom.
+        "p = plan(job, 1, 0, float(sys.argv[1]), 'cuda', headroom_gib=0)\n"
         "print(int(p.fits))\n"
     )
     for layers in range(max_layers, 0, -1):

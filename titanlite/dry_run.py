@@ -119,6 +119,9 @@ class Plan:
     bytes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     float8: str | None = None  # the float8 conversion plan, when float8 is on
+    # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
+    # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
+    headroom: int = 0
 
     @property
     def total(self) -> int:
@@ -126,7 +129,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.device_memory
+        return self.total <= self.device_memory - self.headroom
 
     def render(self) -> str:
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
@@ -144,9 +147,13 @@ class Plan:
         for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
             lines.append(f"    {name:<36} {value / GIB:9.2f} GiB")
         verdict = "FITS" if self.fits else "DOES NOT FIT"
+        usable, device, headroom = (
+            f"{round(b / GIB, 1):g}"
+            for b in (self.device_memory - self.headroom, self.device_memory, self.headroom)
+        )
         lines.append(
-            f"    {'total':<36} {self.total / GIB:9.2f} GiB of {self.device_memory / GIB:.0f} GiB"
-            f"  -> {verdict}"
+            f"    {'total':<36} {self.total / GIB:9.2f} GiB of {usable} GiB usable"
+            f" ({device} GiB device - {headroom} GiB headroom)  -> {verdict}"
         )
         if not self.fits:
             top = max(self.bytes, key=lambda name: self.bytes[name])
@@ -167,6 +174,7 @@ def plan(
     device_memory_gib: float = 80.0,
     device_type: str = "cuda",
     vocab_size: int | None = None,
+    headroom_gib: float = 8.0,
 ) -> Plan:
     """Build everything a real launch builds, on meta tensors, for `rank` of `world_size`.
     The vocabulary comes from the tokenizer when its file is here, else `vocab_size` (default:
@@ -233,6 +241,7 @@ def plan(
         tokens_per_step=tokens,
         flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
         device_memory=int(device_memory_gib * GIB),
+        headroom=int(headroom_gib * GIB),
         bytes=sizes,
         seconds=time.perf_counter() - start,
         float8=built.float8_plan.describe() if built.float8_plan is not None else None,
@@ -266,7 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         opts, rest = split_dry_run_args(argv)
-        known = {"world_size", "rank", "device_memory_gib", "device_type", "vocab_size"}
+        known = {
+            "world_size",
+            "rank",
+            "device_memory_gib",
+            "headroom_gib",
+            "device_type",
+            "vocab_size",
+        }
         if set(opts) - known:
             raise config_lib.ConfigError(
                 f"command line: unknown --dry-run.{sorted(set(opts) - known)[0]}; known: "
@@ -277,13 +293,19 @@ def main(argv: list[str] | None = None) -> int:
             world = int(opts.get("world_size", default_world))
             rank = int(opts.get("rank", 0))
             memory = float(opts.get("device_memory_gib", 80))
+            headroom = float(opts.get("headroom_gib", 8))
             vocab = int(opts["vocab_size"]) if "vocab_size" in opts else None
         except ValueError as e:
             raise config_lib.ConfigError(f"command line: --dry-run option: {e}") from None
+        if not 0 <= headroom < memory:
+            raise config_lib.ConfigError(
+                f"--dry-run.headroom_gib {headroom:g} must be >= 0 and below "
+                f"--dry-run.device_memory_gib {memory:g}"
+            )
         if not 0 <= rank < world:
             raise config_lib.ConfigError(f"--dry-run.rank {rank} is outside world size {world}")
         job = config_lib.load(rest)
-        result = plan(job, world, rank, memory, opts.get("device_type", "cuda"), vocab)
+        result = plan(job, world, rank, memory, opts.get("device_type", "cuda"), vocab, headroom)
     except preflight.user_errors() as e:
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2

@@ -22,20 +22,33 @@ from titanlite.clock import Clock
 from titanlite.config_schema import Metrics
 from titanlite.logging import logger
 
-# Dense bf16 peak FLOP/s by device name fragment (vendor data sheets, SXM variants).
+# Dense bf16 tensor-core peak FLOP/s per device, keyed by the exact torch.cuda.get_device_name()
+# string. Exact names, not fragments: "H100" alone covers SXM (989 TFLOP/s), PCIe (756) and NVL
+# (835), and "L4" is a prefix of "L40" and "L40S"; a wrong peak would give a wrong MFU, while an
+# unknown name gives none (and a warning naming metrics.peak_flops). Figures are the data
+# sheets' bf16 numbers without sparsity (the sheets print the 2:4-sparse figure, twice these):
+#   H100 SXM5 989.4, H100 PCIe 756, H100 NVL 835.5 (NVIDIA H100 datasheet);
+#   H200 SXM 989.4, H200 NVL 835.5 (NVIDIA H200 datasheet); B200 2,250 (HGX B200: 36 PFLOPS
+#   sparse for 8 GPUs); A100 312, all four forms (NVIDIA A100 datasheet: 40/80 GB, SXM4/PCIe
+#   share the peak); L4 121, L40 181.05, L40S 362.05 (NVIDIA L4/L40/L40S datasheets);
+#   MI300X 1,307.4 (AMD Instinct MI300X data sheet); MI250X 383 per module, which ROCm shows
+#   as two devices (one per GCD), so 191.5 per device (AMD Instinct MI250X data sheet).
 PEAK_BF16_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "H800": 989e12,
-    "GH200": 989e12,
-    "B200": 2.25e15,
-    "A100": 312e12,
-    "A800": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "A10G": 70e12,
-    "MI300X": 1307e12,
-    "MI250X": 383e12,
+    "NVIDIA H100 80GB HBM3": 989.4e12,  # SXM5
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835.5e12,
+    "NVIDIA H200": 989.4e12,  # SXM
+    "NVIDIA H200 NVL": 835.5e12,
+    "NVIDIA B200": 2.25e15,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA L40": 181.05e12,
+    "NVIDIA L40S": 362.05e12,
+    "AMD Instinct MI300X": 1307.4e12,
+    "AMD Instinct MI250X": 191.5e12,  # per GCD
 }
 
 
@@ -45,11 +58,13 @@ def peak_flops(device: torch.device, override: float | None) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
-        if key in name:
-            return PEAK_BF16_FLOPS[key]
-    logger.warning(f"peak FLOP/s of {name!r} unknown: MFU will be null (set metrics.peak_flops)")
-    return None
+    peak = PEAK_BF16_FLOPS.get(name.strip())
+    if peak is None:
+        logger.warning(
+            f"peak FLOP/s of {name!r} unknown: MFU will be null (set metrics.peak_flops to the "
+            "device's dense bf16 peak)"
+        )
+    return peak
 
 
 def memory_gib(device: torch.device) -> float:

@@ -103,7 +103,7 @@ def check(
     given `vocab_size` stands in for the tokenizer; then the tokenizer and dataset paths, which
     live on the cluster, are not checked."""
     check_environment(job)
-    from parallelisms import ParallelDims, check_layout
+    from parallelisms import LayoutError, ParallelDims, check_layout
     from titanlite import float8
     from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
     from titanlite.distributed import device_type
@@ -147,6 +147,11 @@ def check(
         async_tp=p.enable_async_tensor_parallel,
         compile=t.compile,
     )
+    if (v_seq := job.validation.enabled and job.validation.seq_len) and v_seq % dims.tp:
+        raise LayoutError(
+            f"validation.seq_len = {v_seq} is not divisible by tensor_parallel_degree = "
+            f"{dims.tp} (sequence parallel splits the sequence over the tp ranks)"
+        )
     float8.check(
         job,
         fsdp_enabled=dims.fsdp_enabled,

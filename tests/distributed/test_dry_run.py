@@ -98,6 +98,26 @@ def test_does_not_fit_verdict():
     assert proc.returncode == 0 and "DOES NOT FIT" in proc.stdout and "biggest item" in proc.stdout
 
 
+def test_verdict_keeps_the_headroom():
+    # FITS must mean "fits with room for what the plan does not count" (CUDA context, NCCL,
+    # fragmentation): a plan 4 GiB under the device size does not fit the default 8 GiB margin.
+    job = config.load(["--config", str(DEBUG_CONFIG)])
+    total_gib = plan(job, 1).total / 2**30
+    assert plan(job, 1, device_memory_gib=total_gib + 4, headroom_gib=0).fits
+    tight = plan(job, 1, device_memory_gib=total_gib + 4)
+    assert tight.headroom == 8 * 2**30 and not tight.fits
+    assert plan(job, 1, device_memory_gib=total_gib + 8.5).fits
+    proc = _dry("--config", str(DEBUG_CONFIG), "--dry-run.device_memory_gib", "141")
+    assert proc.returncode == 0, proc.stderr
+    assert "GiB of 133 GiB usable (141 GiB device - 8 GiB headroom)  -> FITS" in proc.stdout
+    proc = _dry("--config", str(DEBUG_CONFIG), "--dry-run.headroom_gib", "100")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "titanlite: error: --dry-run.headroom_gib 100 must be >= 0 and below "
+        "--dry-run.device_memory_gib 80"
+    )
+
+
 def test_fsdp_bytes_shrink_as_one_over_dp():
     job = config.load(["--config", "llama_8b.toml"])
     sizes = {w: plan(job, w).bytes for w in (8, 16, 32, 64)}

@@ -225,6 +225,21 @@ def test_preflight_exit_code_2_one_line(argv, expected, monkeypatch, capsys):
     assert lines[0].startswith("titanlite: error: ") and expected in lines[0], lines[0]
 
 
+def test_validation_seq_len_must_split_over_tp(monkeypatch, capsys, tmp_path):
+    # Validation batches go through the same sequence-parallel blocks as training ones.
+    (tmp_path / "val.txt").write_text("held-out text " * 200)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["--config", str(DEBUG_CONFIG), "--parallelism.tensor_parallel_degree", "2"]
+    argv += ["--validation.enabled", "--validation.dataset_path", str(tmp_path / "val.txt")]
+    assert preflight.main([*argv, "--validation.seq_len", "63"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "titanlite: error: validation.seq_len = 63 is not divisible by tensor_parallel_degree = 2 "
+        "(sequence parallel splits the sequence over the tp ranks)"
+    ]
+    assert preflight.main([*argv, "--validation.seq_len", "64"]) == 0, capsys.readouterr().err
+
+
 def test_preflight_process_exits_2_without_traceback(tmp_path):
     (tmp_path / "a.txt").write_text("")
     proc = _preflight("--config", str(DEBUG_CONFIG), "--training.dataset_path", str(tmp_path))
