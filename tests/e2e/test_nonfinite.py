@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, clean_env, torchrun
+from helpers import DEBUG_CONFIG, ROOT, clean_env, run_script
 
 from titanlite.checkpoint_storage import load_full_state_dict
 
@@ -56,11 +56,18 @@ def saved_steps(folder: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_every_rank_stops_at_the_same_step_without_saving_it(tmp_path):
-    proc = torchrun(2, ["-m", "titanlite.train"], [*DIVERGING, "--job.dump_folder", str(tmp_path)])
-    assert proc.returncode != 0
+    proc = run_script(
+        "run_train.sh",
+        [*DIVERGING, "--job.dump_folder", str(tmp_path)],
+        NGPU="2",
+        LOG_RANK="0,1",
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("titanlite: error: step 3: the gradient norm is nan")
+    # Each rank's own line (both shown with LOG_RANK=0,1), then the launcher's copy, last.
     errors = [line for line in proc.stderr.splitlines() if "titanlite: error:" in line]
-    assert len(errors) == 2, proc.stderr[-3000:]  # one per rank, both at the same step
-    assert all("step 3: the gradient norm is nan" in line for line in errors), errors
+    assert errors == [last] * 3, errors
     assert saved_steps(tmp_path) == [1, 2]  # the bad step is never saved
     for step in (1, 2):
         assert all_finite(load_full_state_dict(tmp_path / "checkpoint" / f"step-{step}"))
