@@ -15,16 +15,21 @@ before: SIGTERM/SIGUSR1 preemption and Ctrl-C behave as with `python -m torch.di
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported only once the launch is under way
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from titanlite.rank import EXIT_DIR_ENV
 
 # Exit codes a rank uses on purpose (titanlite/train.py, titanlite/preemption.py): preferred
 # over the ranks torchrun stopped because of them when choosing whose line ends the output.
@@ -86,6 +91,7 @@ def exit_code(failure: ProcessFailure) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -93,8 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
         _DropFailureRecord()
     )
+    exit_dir = tempfile.mkdtemp(prefix="titanlite-exits-")
+    os.environ[EXIT_DIR_ENV] = exit_dir  # the ranks inherit it through torchrun
     try:
         run(args)
+    except SignalException as e:
+        # torchrun was signalled itself (Ctrl-C reaches the whole process group; SLURM or a
+        # scheduler sends SIGTERM) and has already stopped the ranks, waiting for their final
+        # checkpoint: the line to end with is a rank's own.
+        code, line = _signalled_outcome(exit_dir, e.sigval)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        return code
     except ChildFailedError as e:
         rank, failure = _pick(e.failures)
         code = exit_code(failure)
@@ -112,7 +128,24 @@ def main(argv: list[str] | None = None) -> int:
             last = f": {line}" if line and not line.startswith("To enable traceback") else ""
             print(f"titanlite: error: rank {rank} {how}{last}{where}", file=sys.stderr, flush=True)
         return code
+    finally:
+        shutil.rmtree(exit_dir, ignore_errors=True)
     return 0
+
+
+def _signalled_outcome(exit_dir: str, sigval: signal.Signals) -> tuple[int, str]:
+    """(exit code, line) of the rank that exited with one of titanlite's own codes, earliest
+    first; else the shell's code for the signal, with no line of ours to add."""
+    outcomes = []
+    for path in Path(exit_dir).glob("rank*.json"):
+        try:
+            outcomes.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    own = sorted((o for o in outcomes if o.get("code") in _OWN_CODES), key=lambda o: o["time"])
+    if own:
+        return int(own[0]["code"]), str(own[0].get("line", ""))
+    return 128 + int(sigval), ""
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import time
 import traceback
 from typing import Any
 
+EXIT_DIR_ENV = "TITANLITE_EXIT_DIR"  # set by titanlite.launch
+
 
 class _LastLine:
     """sys.stderr that remembers its last non-empty line (what the user was last told)."""
@@ -39,6 +41,14 @@ class _LastLine:
 
 
 def _record(code: int, line: str) -> None:
+    # Also where the launcher finds it after torchrun itself was signalled (Ctrl-C, SIGTERM):
+    # then torchrun raises instead of reporting the ranks' failures.
+    if folder := os.environ.get(EXIT_DIR_ENV):
+        try:
+            with open(os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.json"), "w") as f:
+                json.dump({"code": code, "line": line, "time": time.time()}, f)
+        except OSError:
+            pass
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return

@@ -509,13 +509,13 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
             trainer.close()  # background saves of good steps complete first
     if failure is not None:  # printed last, after anything close() logs
         return _fail(*failure)
-    if trainer.preempted == signal.SIGINT:
-        print(f"titanlite: {trainer.stop_message}", file=sys.stderr)
-    elif trainer.preempted:
+    if trainer.preempted:
         # After close(): the checkpoint is complete on every rank before SLURM (which a
         # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
-        if job.job.requeue_on_preemption and os.environ.get("RANK", "0") == "0":
-            requeue_slurm_job()
+        if trainer.preempted != signal.SIGINT and job.job.requeue_on_preemption:
+            if os.environ.get("RANK", "0") == "0":
+                requeue_slurm_job()
+        print(f"titanlite: {trainer.stop_message}", file=sys.stderr)
     return exit_code_for(trainer.preempted) if trainer.preempted else 0
 
 

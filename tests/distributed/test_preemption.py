@@ -88,8 +88,9 @@ def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(
             proc.kill()
     assert proc.returncode != 0
     assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in err, err[-3000:]  # torchrun's failure report
-    stopped = [ln for ln in err.splitlines() if "SIGUSR1: stopped after step" in ln]
-    assert len(stopped) == 2, err[-3000:]  # both ranks, at the same step
+    # Each rank's final line (its log has the same words earlier): both ranks, the same step.
+    stopped = [ln for ln in err.splitlines() if ln.startswith("titanlite: SIGUSR1: stopped after")]
+    assert len(stopped) == 2, err[-3000:]
     step = int(stopped[0].split("after step ")[1].split(";")[0])
     assert all(f"after step {step};" in ln for ln in stopped)
     assert 2 <= step < STEPS
