@@ -17,11 +17,13 @@ from helpers import spawn
 pytest.importorskip("torchao")
 
 RTOL = 1e-4
-# Float8 (emulated, tensorwise) against the same float8 model in one process: the scales are
-# the same (amax over the full tensor), but float32 sums in another order can move a value
-# across a float8 rounding boundary, and that flips its e4m3/e5m2 rounding by one step.
-# Measured worst: see docs/float8.md.
-FLOAT8_RTOL = 1e-2
+# Float8 (emulated, tensorwise) is compared with the same float8 model in one process on the same
+# data-parallel parts of the batch (each rank scales by the amax of its own part): FSDP and DDP
+# then match to 1e-7. Tensor parallel does not: its float32 sums in another order move values
+# across float8 rounding steps (2 mantissa bits in e5m2), and the flips add up over the blocks.
+# Measured worst: 2.8e-2 for FSDP 2 x TP 2 (median 5.9e-3), 4.3e-2 for TP 2; float8 itself is
+# ~0.1 from float32. See docs/float8.md.
+FLOAT8_RTOL = 6e-2
 
 FSDP2_TP2 = {"dp_shard": 2, "tp": 2}
 AC_OP = {"ac_mode": "selective", "ac_option": "op"}
