@@ -8,7 +8,9 @@ Flattened submeshes: `dp` (replicate x shard) for data loading and loss averagin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
@@ -28,6 +30,13 @@ class Meshes:
         if mesh is None:
             raise ValueError(f"no {name} submesh in this layout")
         return mesh
+
+    def groups(self) -> list[dist.ProcessGroup]:
+        """Every process group of this rank's meshes (one per world dim, and the flattened dp)."""
+        found = [self.world.get_group(i) for i in range(self.world.ndim)]
+        if self.dp is not None:
+            found.append(self.dp.get_group())
+        return list({id(g): g for g in found}.values())
 
 
 class LayoutError(ValueError):
@@ -102,7 +111,9 @@ class ParallelDims:
             dims = [(1, "dp_shard")]
         return tuple(d for d, _ in dims), tuple(n for _, n in dims)
 
-    def build_meshes(self, device_type: str) -> Meshes:
+    def build_meshes(self, device_type: str, timeout: timedelta | None = None) -> Meshes:
+        """The meshes; their groups get `timeout`, by default the default group's (which the
+        trainer sets from comm.init_timeout_seconds)."""
         shape, names = self.mesh_shape()
         world = init_device_mesh(device_type, shape, mesh_dim_names=names)
         dp_names = tuple(n for n in names if n.startswith("dp_"))
@@ -111,17 +122,33 @@ class ParallelDims:
         fsdp = None
         if self.fsdp_enabled:
             fsdp = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
-        return Meshes(
+        meshes = Meshes(
             world=world,
             dp=dp,
             fsdp=fsdp,
             ddp=world["dp_replicate"] if self.ddp_enabled else None,
             tp=world["tp"] if self.tp_enabled else None,
         )
+        # torch gives every group it creates for a mesh the backend's default timeout (30 min
+        # on gloo, 10 on NCCL), not the default group's: a hung FSDP or TP collective would
+        # outwait the configured timeout by far.
+        timeout = timeout or _timeout_of(dist.distributed_c10d._get_default_group())
+        if timeout is not None:
+            for group in meshes.groups():
+                dist.distributed_c10d._set_pg_timeout(timeout, group)
+        return meshes
 
     def describe(self) -> str:
         shape, names = self.mesh_shape()
         return " x ".join(f"{n}={d}" for d, n in zip(shape, names)) + f" (world {self.world_size})"
+
+
+def _timeout_of(group: dist.ProcessGroup) -> timedelta | None:
+    for device in group._device_types:
+        options = getattr(group._get_backend(device), "options", None)
+        if options is not None:
+            return options._timeout
+    return None
 
 
 def check_layout(

@@ -16,6 +16,27 @@ from torch.distributed.tensor.parallel import (
 )
 
 
+class EmbeddingParallel(RowwiseParallel):
+    """RowwiseParallel for the token embedding, whose output is awaited before it leaves.
+
+    The stock style reduce-scatters with async_op=True, so `to_local()` hands on an
+    AsyncCollectiveTensor (ACT) whose autograd history lives on the wrapper only: its inner
+    tensor has none. That ACT is the input of the first block, and when the block is compiled,
+    torch 2.13's AOTAutograd (`process_inputs` in torch/_functorch/_aot_autograd/
+    frontend_utils.py, and the runtime wrapper generated in subclass_codegen.py) replaces it by
+    `trigger_wait()`, i.e. by that inner tensor, before tracing and before calling the graph.
+    The input then no longer requires grad, the graph returns no gradient for it, and the
+    embedding's gradient is silently zero (with FSDP; without FSDP backward crashes instead).
+    Upstream: pytorch/pytorch#191113. Waiting costs nothing here: the next op consumes the
+    output. (The head's Replicate output, an all-gather on the last dim, is already plain.)"""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        if outputs.placements != output_layouts:
+            outputs = outputs.redistribute(placements=output_layouts, async_op=False)
+        return outputs.to_local() if use_local_output else outputs
+
+
 def tp_styles(module: nn.Module, float8_all_gather: bool) -> tuple[type, type, type]:
     """(colwise, rowwise, prepare_input) styles for `module`: torchao's float8 ones when
     float8 all-gather is on and every Linear inside is a Float8Linear (they cast activations

@@ -77,15 +77,11 @@ def init(timeout_seconds: int) -> torch.device:
 
 
 def set_timeout(seconds: int) -> None:
-    """Tighten the collective timeout once start-up (which may be slow) is over."""
-    group = dist.distributed_c10d._get_default_group()
-    for backend_device in ("cpu", "cuda"):
-        try:
-            group._get_backend(torch.device(backend_device))._set_default_timeout(
-                datetime.timedelta(seconds=seconds)
-            )
-        except (RuntimeError, AttributeError):
-            pass
+    """Tighten the collective timeout once start-up (which may be slow) is over, on every
+    process group of this rank: the default one and those of the device meshes."""
+    timeout = datetime.timedelta(seconds=seconds)
+    for group in list(dist.distributed_c10d._world.pg_map):
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def check_distinct_devices(device: torch.device) -> None:

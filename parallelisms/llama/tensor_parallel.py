@@ -14,12 +14,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
-from parallelisms.tensor_parallel import tp_styles
+from parallelisms.tensor_parallel import EmbeddingParallel, tp_styles
 
 
 def apply_tp(
@@ -35,7 +34,7 @@ def apply_tp(
         model,
         tp_mesh,
         {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
             "norm": SequenceParallel(),
             "output": ColwiseParallel(
                 input_layouts=Shard(1),

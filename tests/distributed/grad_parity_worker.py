@@ -1,0 +1,169 @@
+"""One forward/backward per layout, in one process group: every parameter's full gradient is
+compared with a plain model's (no parallelism, whole batch) computed in the same processes.
+
+Each layout is built the way the trainer builds it (ParallelDims.build_meshes, parallelize_llama,
+init_weights, cross_entropy_loss under loss_context), one after the other, so that process
+start-up and imports are paid once per world size. Rank 0 writes {layout: result} as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+SEED, BATCH, SEQ = 0, 8, 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    microbatches: int = 1
+    float8: bool = False
+    opts: dict = field(default_factory=dict)  # ParallelizeOptions fields
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+
+def _model_args():
+    from models.llama import FLAVORS
+    from titanlite.data import Tokenizer, resolve_tokenizer_path
+
+    vocab = Tokenizer(resolve_tokenizer_path("")).vocab_size
+    return FLAVORS["debugmodel"].with_overrides(vocab_size=vocab, max_seq_len=SEQ)
+
+
+def _float8_options():
+    from parallelisms.float8 import Float8Options
+
+    # As titanlite.float8 builds them on CPU: emulated matmuls, high-precision collectives.
+    return Float8Options(emulate=True, float8_collectives=False)
+
+
+def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    tokens = torch.randint(0, vocab, (BATCH, SEQ + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _clean(name: str) -> str:
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def reference_grads(float8: bool, splits: int = 1) -> dict[str, torch.Tensor]:
+    """One process, no parallelism. With `splits`, the batch is cut as data parallel cuts it and
+    the parts' gradients averaged: float8 scales each tensor by its amax, which under data
+    parallel is the amax of a rank's part of the batch, so a float8 layout is compared with
+    the same float8 model on the same parts (for fp32 this changes nothing)."""
+    from models.llama import Transformer
+    from parallelisms.float8 import convert_to_float8
+    from titanlite.build import cross_entropy_loss
+
+    args = _model_args()
+    with torch.device("meta"):
+        model = Transformer(args)
+    if float8:
+        convert_to_float8(model, _float8_options())
+    model.to_empty(device="cpu")
+    model.init_weights(SEED)
+    inputs, labels = _batch(args.vocab_size)
+    for part_in, part_lab in zip(inputs.chunk(splits), labels.chunk(splits)):
+        (cross_entropy_loss(model(part_in), part_lab) / splits).backward()
+    return {_clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
+    from models.llama import Transformer
+    from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
+    from titanlite.build import cross_entropy_loss
+
+    args = _model_args()
+    dims = ParallelDims.resolve(layout.dp_replicate, layout.dp_shard, layout.tp, layout.world)
+    meshes = dims.build_meshes("cpu")
+    opts = ParallelizeOptions(
+        loss_parallel=dims.tp_enabled and layout.opts.get("loss_parallel", True),
+        float8=_float8_options() if layout.float8 else None,
+        **{k: v for k, v in layout.opts.items() if k != "loss_parallel"},
+    )
+    with torch.device("meta"):
+        model = Transformer(args)
+    parallelize_llama(model, dims, meshes, opts)
+    model.to_empty(device="cpu")
+    model.init_weights(SEED)
+    model.train()
+    loss_fn = torch.compile(cross_entropy_loss) if opts.compile else cross_entropy_loss
+
+    inputs, labels = _batch(args.vocab_size)
+    dp_rank, dp_size = (meshes.dp.get_local_rank(), meshes.dp.size()) if meshes.dp else (0, 1)
+    per_rank = BATCH // dp_size
+    inputs = inputs[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+    labels = labels[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+    n = layout.microbatches
+    for mb_in, mb_lab in zip(inputs.chunk(n), labels.chunk(n)):
+        with loss_context(opts.loss_parallel):
+            loss = loss_fn(model(mb_in), mb_lab) / n
+            loss.backward()
+    grads: dict[str, torch.Tensor | None] = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if isinstance(g, DTensor):
+            g = g.full_tensor()
+        grads[_clean(name)] = None if g is None else g.detach().clone()
+    return grads
+
+
+def compare(got: dict, ref: dict[str, torch.Tensor]) -> dict:
+    errors, lost = {}, []
+    for name, r in ref.items():
+        g = got.get(name)
+        if g is None or (r.norm() > 0 and g.norm() == 0):
+            lost.append(name)
+            continue
+        errors[name] = ((g.double() - r.double()).norm() / r.double().norm()).item()
+    worst = max(errors, key=errors.get) if errors else None
+    return {
+        "errors": errors,
+        "lost": lost,
+        "unexpected": sorted(set(got) - set(ref)),
+        "worst_param": worst,
+        "worst": errors[worst] if worst else None,
+    }
+
+
+def run(rank: int, world: int, layouts: dict[str, dict], out: str) -> None:
+    import time
+
+    import torch._dynamo
+
+    torch.set_num_threads(1)
+    refs: dict[tuple[bool, int], dict] = {}
+    results = {}
+    for name, spec in layouts.items():
+        layout = Layout(**spec)
+        assert layout.world == world, (name, layout.world, world)
+        key = (layout.float8, layout.dp_replicate * layout.dp_shard if layout.float8 else 1)
+        if key not in refs:
+            refs[key] = reference_grads(*key)
+        torch._dynamo.reset()  # each layout compiles from scratch, as a fresh run would
+        start = time.perf_counter()
+        try:
+            result = compare(layout_grads(layout), refs[key])
+        except Exception:
+            result = {"error": traceback.format_exc()[-3000:]}
+        if layout.opts.get("compile"):
+            # The compiled layouts must really have run compiled graphs.
+            result["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        results[name] = result
+        dist.barrier()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)

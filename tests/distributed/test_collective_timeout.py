@@ -1,0 +1,50 @@
+"""comm.train_timeout_seconds reaches every process group the meshes create, not only the
+default one: on FSDP 2 x TP 2, a rank that stalls before a TP-group collective makes its TP peer
+time out after train_timeout seconds, and the whole group exits non-zero. (torch creates mesh
+groups with its own default, 30 minutes on gloo: that run would hang for half an hour.)"""
+
+import re
+import time
+
+import pytest
+from helpers import DEBUG_CONFIG, torchrun
+
+TRAIN_TIMEOUT = 5
+# Rank 3 stalls; its TP peer is rank 2 (tp is the innermost mesh dim).
+STALL_RANK, TP_PEER = 3, 2
+
+
+@pytest.mark.slow
+def test_stalled_tp_collective_times_out(tmp_path):
+    args = [
+        "--config",
+        str(DEBUG_CONFIG),
+        "--model.n_layers",
+        "1",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--training.steps",
+        "4",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--metrics.enable_tensorboard",
+        "false",
+        "--comm.train_timeout_seconds",
+        str(TRAIN_TIMEOUT),
+        "--job.dump_folder",
+        str(tmp_path),
+    ]
+    proc = torchrun(4, ["tests/distributed/stall_worker.py", str(STALL_RANK)], args, timeout=300)
+    end = time.time()
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    stalled_at = float(re.search(r"STALL_START (\d+\.\d+)", proc.stderr).group(1))
+    timed_out = re.search(
+        rf"\[rank{TP_PEER}\].*Timed out waiting {TRAIN_TIMEOUT * 1000}ms", proc.stderr
+    )
+    assert timed_out, proc.stderr[-6000:]
+    elapsed = end - stalled_at
+    print(f"\nstall -> group exit: {elapsed:.1f} s (train_timeout {TRAIN_TIMEOUT} s)")
+    # Measured ~10 s on 2 busy cores: the timeout, then torchrun stopping the other ranks.
+    assert elapsed < TRAIN_TIMEOUT + 15, elapsed
