@@ -17,6 +17,13 @@ Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves 
 over the vocabulary V (V/t with loss parallel), and the first backward step adds a float32
 gradient of the same size (transient, counted in the peak).
 
+Document masking (block_causal) through SDPA adds the boolean mask, batch x seq x seq bytes,
+built once per micro-batch and shared by every block; and, per block, the additive copy in the
+compute dtype that SDPA makes of a boolean mask and saves for backward (e x seq per token, on
+every TP rank: the mask covers the whole sequence and is broadcast over the heads; measured on
+torch 2.13 CPU with saved-tensor hooks). FlexAttention's BlockMask holds a few int32 per
+128 x 128 tile: not counted.
+
 Activation checkpointing changes what each block keeps until backward:
 - none: everything above;
 - full: only the block input (e*d/t), plus one block's activations while it is recomputed;
@@ -64,6 +71,9 @@ def estimate_activations(
     norms = 2 * (4 * d + 4) / t
     gathered = 2 * e * d
     attention = e * (d + 2 * kv) / t + 2 * e * d / t + 4 * n / t
+    sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
+    if sdpa_mask:
+        attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
     swiglu = 4 * e * ffn / t
     full_block = tokens * (norms + gathered + attention + swiglu)
     block_input = tokens * e * d / t
@@ -72,6 +82,8 @@ def estimate_activations(
         e * d if t == 1 else e * d + e * d / t
     )  # partial sums before the reduce-scatter, and its result
     op_block = tokens * (e * (d + kv + ffn) / t + w2_out + e * d / t + 4 * n / t) + block_input
+    if sdpa_mask:
+        op_block += tokens * e * seq_len
 
     layers = args.n_layers
     if ac_mode == "none":
@@ -88,6 +100,8 @@ def estimate_activations(
 
     logits_width = vocab / t if (loss_parallel or t == 1) else vocab
     outside = tokens * ((4 * d + 4) / t + e * d + 4 * logits_width)
+    if sdpa_mask:
+        outside += local_batch_size * seq_len * seq_len  # the boolean mask itself
     loss_backward = tokens * 4 * logits_width
     return ActivationEstimate(
         int(full_block), int(blocks), int(recompute), int(outside), int(loss_backward)

@@ -64,13 +64,36 @@ def parallelize_options(job: JobConfig, dims: ParallelDims, device_type: str) ->
     )
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+IGNORE_INDEX = -100  # a label that gets no loss (cross_entropy's default ignore_index)
+
+
+def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed over the counted targets: the trainer divides by the count over every data-parallel
+    rank and micro-batch, so that each counted token weighs the same however the global batch
+    is split (a mean per micro-batch would weigh tokens by how few others their micro-batch
+    counts). Works on vocab-sharded DTensor logits under loss parallel too."""
     # In float32 whatever the compute dtype: a bf16 log-softmax over 128K classes loses bits.
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean over the counted targets of one batch (tools and tests; the trainer sums)."""
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX
+    )
+
+
+def ignore_boundary_targets(labels: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """Labels with the first token of each document ignored: predicting it would mean predicting
+    across the boundary from the previous document, which block_causal attention cannot see.
+    Documents are framed BOS ... EOS by both readers, so these are the targets after each EOS."""
+    return labels.masked_fill(labels == bos_id, IGNORE_INDEX)
 
 
 def build_loss_fn(job: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    return torch.compile(cross_entropy_loss) if job.training.compile else cross_entropy_loss
+    return torch.compile(cross_entropy_sum) if job.training.compile else cross_entropy_sum
 
 
 @dataclass

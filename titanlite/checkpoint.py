@@ -534,13 +534,25 @@ def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list
     escape the shape check; a checkpoint that records its model (e.g. one converted from
     Hugging Face) is compared field by field, for a warning, not an error: changing rope_theta
     to extend the context is a legitimate use. Not compared: what the shape check covers in
-    other terms (the FFN width's recipe), the RoPE table's length and the init recipe."""
+    other terms (the FFN width's recipe), the RoPE table's length, the init recipe and the
+    attention kernel and mask."""
 
     def norm(args: dict[str, Any]) -> dict[str, Any]:
         args = {
             k: v
             for k, v in args.items()
-            if k not in ("max_seq_len", "depth_init", "multiple_of", "ffn_dim_multiplier")
+            if k
+            not in (
+                "max_seq_len",
+                "depth_init",
+                "multiple_of",
+                "ffn_dim_multiplier",
+                # How attention is masked and computed may change between launches (the
+                # weights fit either), and older manifests do not record it.
+                "attn_type",
+                "attn_mask_type",
+                "bos_id",
+            )
         }
         if "n_kv_heads" in args:  # None means n_heads
             args["n_kv_heads"] = args["n_kv_heads"] or args.get("n_heads")

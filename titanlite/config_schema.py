@@ -69,6 +69,19 @@ class Model:
         [], "model converters applied before parallelizing", choices=["float8"]
     )
     print_after_conversion: bool = opt(False, "print the model after conversion")
+    attn_type: str = opt(
+        "sdpa",
+        "attention kernel: scaled_dot_product_attention, or FlexAttention (compiled; training "
+        "needs a GPU: torch has no FlexAttention backward on CPU)",
+        choices=["sdpa", "flex"],
+    )
+    attn_mask_type: str = opt(
+        "block_causal",
+        "'block_causal': a token attends only to its own document (documents start at each "
+        "BOS) and the target after each EOS gets no loss; 'causal': the whole window, every "
+        "target counted",
+        choices=["causal", "block_causal"],
+    )
     # Shape overrides for experiments; None keeps the flavor's value.
     dim: int | None = opt(None, "hidden size", min=1)
     n_layers: int | None = opt(None, "transformer blocks", min=1)

@@ -70,9 +70,10 @@ def check_environment(job: JobConfig) -> None:
             ) from None
 
 
-def model_args(job: JobConfig, vocab_size: int) -> LlamaArgs:
+def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> LlamaArgs:
     """The model's hyper-parameters: the flavor with the [model] overrides, the tokenizer's
-    vocabulary and the training sequence length (the RoPE table's size)."""
+    vocabulary and BOS id (-1 where only shapes matter) and the training sequence length (the
+    RoPE table's size)."""
     from titanlite.families import get_family
 
     m = job.model
@@ -90,6 +91,9 @@ def model_args(job: JobConfig, vocab_size: int) -> LlamaArgs:
             ffn_dim_multiplier=m.ffn_dim_multiplier,
             norm_eps=m.norm_eps,
             rope_theta=m.rope_theta,
+            attn_type=m.attn_type,
+            attn_mask_type=m.attn_mask_type,
+            bos_id=bos_id,
         )
     )
 
@@ -116,14 +120,15 @@ def check(
             f"expected one of {', '.join(spec.flavors)}"
         )
     planning = vocab_size is not None
+    bos_id = -1
     if vocab_size is None:
         tokenizer_path = resolve_tokenizer_path(job.model.tokenizer_path)
         tokenizer = Tokenizer(tokenizer_path)
-        vocab_size = tokenizer.vocab_size
+        vocab_size, bos_id = tokenizer.vocab_size, tokenizer.bos_id
     else:  # a dry run planning for files that live on the cluster
         tokenizer_path = Path(job.model.tokenizer_path)
     check_seq_len(job)
-    args = model_args(job, vocab_size)
+    args = model_args(job, vocab_size, bos_id)
     try:
         args.check()
     except ValueError as e:
@@ -158,6 +163,11 @@ def check(
         device_type=device or device_type(),
         planning=device is not None,
     )
+    if job.model.attn_type == "flex" and (device or device_type()) == "cpu":
+        raise ConfigError(
+            "[model] attn_type = 'flex' cannot train on CPU (torch has no FlexAttention "
+            "backward there); use attn_type = 'sdpa', which applies the same masks"
+        )
     if job.profiling.enable_memory_snapshot and (device or device_type()) != "cuda":
         raise ConfigError(
             "[profiling] enable_memory_snapshot records the CUDA caching allocator and this "

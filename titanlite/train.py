@@ -136,6 +136,11 @@ class Trainer:
             logger.info(f"model after parallelization:\n{self.model}")
         self.loss_parallel = built.loss_parallel
         self.loss_fn = build.build_loss_fn(job)
+        # Under block_causal the model cannot see across a document boundary, so the target
+        # there (a document's first token) gets no loss either.
+        self.boundary_bos_id = (
+            pre.model_args.bos_id if job.model.attn_mask_type == "block_causal" else None
+        )
         param_dtype = built.options.param_dtype
         # FSDP casts parameters itself; without it, autocast gives the same compute dtype.
         self.amp = (
@@ -157,7 +162,8 @@ class Trainer:
                 self.device,
                 self.loss_parallel,
                 self.amp,
-                self.global_mean,
+                self.global_sum,
+                self.boundary_bos_id,
             )
 
     def _build_checkpoint_and_metrics(self) -> None:
@@ -268,17 +274,27 @@ class Trainer:
 
     def next_microbatches(self, data_iter: Iterator[Microbatch]) -> list[Microbatch]:
         with self.clock.span("data"):
-            return [
-                (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
-                for x, y in (next(data_iter) for _ in range(self.grad_accum_steps))
-            ]
+            batches = []
+            for x, y in (next(data_iter) for _ in range(self.grad_accum_steps)):
+                if self.boundary_bos_id is not None:
+                    y = build.ignore_boundary_targets(y, self.boundary_bos_id)
+                batches.append(
+                    (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
+                )
+            return batches
 
     def train_step(
         self, microbatches: list[Microbatch]
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimizer step over the micro-batches: (summed loss, grad norm, LR used)."""
+        """One optimizer step over the micro-batches: (this rank's share of the loss, grad norm,
+        LR used); the shares' mean over data-parallel ranks is the step's loss."""
         self.optimizer.zero_grad(set_to_none=True)
         n = len(microbatches)
+        # Every counted target of the global batch weighs 1 / (their global number). Gradients
+        # are averaged over data-parallel ranks (FSDP, DDP), hence the factor dp_size.
+        counted = sum((labels != build.IGNORE_INDEX).sum() for _, labels in microbatches)
+        global_counted = max(int(self.global_sum(torch.as_tensor(counted))), 1)
+        scale = self.dims.dp_size / global_counted
         sync_each = self.job.parallelism.fsdp_sync_grads_each_microbatch
         loss_sum = torch.zeros((), device=self.device)
         for i, (inputs, labels) in enumerate(microbatches):
@@ -288,7 +304,7 @@ class Trainer:
             with loss_context(self.loss_parallel):
                 with self.amp:
                     logits = self.model(inputs)
-                    loss = self.loss_fn(logits, labels) / n
+                    loss = self.loss_fn(logits, labels) * scale
                 loss.backward()
             loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm)
@@ -298,13 +314,16 @@ class Trainer:
             self.lr_scheduler.step()
         return loss_sum, grad_norm, lr
 
+    def global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum over data-parallel ranks (a copy; the value itself is left alone)."""
+        value = value.clone()
+        if self.dp_mesh is not None:
+            dist.all_reduce(value, group=self.dp_mesh.get_group())
+        return value
+
     def global_mean(self, value: torch.Tensor) -> float:
         """Mean over data-parallel ranks (gloo has no AVG: sum, then divide)."""
-        if self.dp_mesh is not None:
-            value = value.clone()
-            dist.all_reduce(value, group=self.dp_mesh.get_group())
-            value /= self.dp_mesh.size()
-        return value.item()
+        return (self.global_sum(value) / self.dims.dp_size).item()
 
     def validate(self, step: int) -> float | None:
         """The validation loss when it is due at `step` (its time is kept out of tps)."""

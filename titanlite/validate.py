@@ -2,9 +2,9 @@
 
 Every rank sees the same held-out window stream, unshuffled (the text files in sorted order, or
 the prepared shards in manifest order), and reads its part of each global batch by the training
-rule (`RankSplit`). Each batch's loss is the mean over its tokens; the result is the mean over the
-batches and the data-parallel ranks, so it is the same number under every parallel layout with
-the same global batch. Text is tokenized once, at start, and kept in memory (held-out sets are
+rule (`RankSplit`). The result is the mean over every counted target of every batch on every
+data-parallel rank (as in training, the targets after an EOS are not counted under
+block_causal), so it is the same number under every parallel layout with the same global batch. Text is tokenized once, at start, and kept in memory (held-out sets are
 small; prepare a large one as shards, which are memory-mapped).
 """
 
@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from parallelisms import loss_context
+from titanlite.build import IGNORE_INDEX, ignore_boundary_targets
 from titanlite.config_schema import Validation
 from titanlite.data import DatasetError, DataSource, ShardSet, Tokenizer
 from titanlite.data.rank_split import RankSplit
@@ -85,21 +86,29 @@ class Validator:
         device: torch.device,
         loss_parallel: bool,
         amp: contextlib.AbstractContextManager,
-        global_mean: Callable[[torch.Tensor], float],
+        global_sum: Callable[[torch.Tensor], torch.Tensor],
+        boundary_bos_id: int | None = None,
     ):
+        """`loss_fn` sums over the counted targets; `boundary_bos_id`, when given, is the BOS
+        whose targets are not counted (block_causal)."""
         self.cfg, self.data, self.model, self.loss_fn = cfg, data, model, loss_fn
         self.device, self.loss_parallel, self.amp = device, loss_parallel, amp
-        self.global_mean = global_mean
+        self.global_sum, self.boundary_bos_id = global_sum, boundary_bos_id
 
     def due(self, step: int, total_steps: int) -> bool:
         return step % self.cfg.freq == 0 or step == total_steps
 
     @torch.no_grad()
     def run(self) -> float:
-        total = torch.zeros((), device=self.device)
+        # [loss sum, counted targets]: one all-reduce for both.
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for inputs, labels in self.data.batches():
+            if self.boundary_bos_id is not None:
+                labels = ignore_boundary_targets(labels, self.boundary_bos_id)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             with loss_context(self.loss_parallel), self.amp:
                 loss = self.loss_fn(self.model(inputs), labels)
-            total += loss.full_tensor() if isinstance(loss, DTensor) else loss
-        return self.global_mean(total / self.data.steps)
+            total[0] += loss.full_tensor() if isinstance(loss, DTensor) else loss
+            total[1] += (labels != IGNORE_INDEX).sum()
+        loss_sum, counted = self.global_sum(total).tolist()
+        return loss_sum / max(counted, 1)

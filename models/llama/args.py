@@ -24,6 +24,14 @@ class LlamaArgs:
     max_seq_len: int = 131072
     # Scale the init of output projections by depth (GPT-2 / TorchTitan's depth_init).
     depth_init: bool = True
+    # Attention kernel and mask (TorchTitan's names). "block_causal" lets a token attend only to
+    # earlier tokens of its own document; documents start at each `bos_id` in the input, and a
+    # window's tokens before its first BOS (a document cut by the window start) form one more.
+    attn_type: str = "sdpa"  # "sdpa" (scaled_dot_product_attention) or "flex" (FlexAttention)
+    attn_mask_type: str = "causal"  # "causal" or "block_causal"
+    # The token that starts a document (from the tokenizer); only block_causal reads it, and
+    # only in forward, so that shape-only uses (a dry run, conversions) need no tokenizer.
+    bos_id: int = -1
 
     @property
     def head_dim(self) -> int:
@@ -73,6 +81,16 @@ class LlamaArgs:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim = dim / n_heads = {self.head_dim} must be even for RoPE")
+        if self.attn_type not in ATTN_TYPES:
+            raise ValueError(f"attn_type = {self.attn_type!r}: expected one of {ATTN_TYPES}")
+        if self.attn_mask_type not in ATTN_MASK_TYPES:
+            raise ValueError(
+                f"attn_mask_type = {self.attn_mask_type!r}: expected one of {ATTN_MASK_TYPES}"
+            )
+
+
+ATTN_TYPES = ("sdpa", "flex")
+ATTN_MASK_TYPES = ("causal", "block_causal")
 
 
 FLAVORS: dict[str, LlamaArgs] = {

@@ -1,5 +1,12 @@
 """Llama 3, written to read like the paper: RMSNorm, RoPE (with Llama 3.1 frequency scaling),
-grouped-query attention through scaled_dot_product_attention, SwiGLU, an untied output head.
+grouped-query attention through scaled_dot_product_attention or FlexAttention, SwiGLU, an untied
+output head.
+
+Attention masks (`args.attn_mask_type`): "causal", or "block_causal", where a token attends only
+to earlier tokens of its own document. Document boundaries come from the input tokens themselves
+(a document starts at each `args.bos_id`), so no data format carries them. The mask is built once
+per forward, before the blocks, and every block receives the same object: a boolean
+(batch, 1, seq, seq) tensor for SDPA, a `BlockMask` for FlexAttention.
 
 Nothing here knows about parallelism. Tensor parallel relies only on two habits: head counts are
 inferred from the projected width (`view(..., -1, head_dim)`), so column-sharded projections
@@ -9,11 +16,13 @@ work unchanged, and every sub-module has a stable name (`attention.wq`, `feed_fo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from models.initialization import fill_trunc_normal_
 from models.llama.args import LlamaArgs
@@ -60,6 +69,53 @@ def apply_rope(
     return rotate(xq), rotate(xk)
 
 
+AttentionMask = torch.Tensor | BlockMask | None
+
+
+def document_ids(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """(batch, seq) -> the index of each token's document within its window: it counts the BOS
+    tokens up to and including the token, so tokens before the first BOS (a document that began
+    in an earlier window) are document 0."""
+    return (tokens == bos_id).cumsum(dim=-1)
+
+
+def block_causal_mask(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """Boolean (batch, 1, seq, seq) mask, True where query i may attend to key j: j <= i and both
+    in the same document. The singleton dim broadcasts over the heads."""
+    docs = document_ids(tokens, bos_id)
+    seq = tokens.shape[-1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).tril()
+    return ((docs[:, :, None] == docs[:, None, :]) & causal)[:, None]
+
+
+def block_causal_block_mask(tokens: torch.Tensor, bos_id: int) -> BlockMask:
+    docs = document_ids(tokens, bos_id)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
+
+    batch, seq = tokens.shape
+    return create_block_mask(mask_mod, batch, None, seq, seq, device=tokens.device)
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+_compiled_flex: Callable[..., torch.Tensor] | None = None
+
+
+def _flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask
+) -> torch.Tensor:
+    # Compiled once per process, lazily: uncompiled FlexAttention materializes the whole score
+    # matrix (it exists for debugging), and compiling at import would cost every user of models/.
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = cast(Callable[..., torch.Tensor], torch.compile(flex_attention))
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -82,7 +138,10 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, freqs: torch.Tensor, mask: AttentionMask = None
+    ) -> torch.Tensor:
+        """`mask`: None (causal), a boolean tensor (SDPA) or a BlockMask (FlexAttention)."""
         bs, seq, _ = x.shape
         q = self.wq(x).view(bs, seq, -1, self.head_dim)
         k = self.wk(x).view(bs, seq, -1, self.head_dim)
@@ -90,9 +149,13 @@ class Attention(nn.Module):
         q, k = apply_rope(q, k, freqs)
         # (batch, heads, seq, head_dim); SDPA repeats the shared key/value heads for GQA.
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
-        )
+        gqa = k.shape[1] != q.shape[1]
+        if isinstance(mask, BlockMask):
+            out = _flex_attention(q, k, v, mask)
+        elif mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:
@@ -127,8 +190,10 @@ class TransformerBlock(nn.Module):
         depth = layer_id + 1 if args.depth_init else args.n_layers
         self.out_std = 0.02 / (2 * depth) ** 0.5
 
-    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs)
+    def forward(
+        self, x: torch.Tensor, freqs: torch.Tensor, mask: AttentionMask = None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, key: str, seed: int) -> None:
@@ -157,11 +222,35 @@ class Transformer(nn.Module):
         self.register_buffer(
             "freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False
         )
+        # FlexAttention's plain causal BlockMask depends only on the shape: built once per shape.
+        self._causal_block_masks: dict[tuple[int, int, torch.device], BlockMask] = {}
+
+    def attention_mask(self, tokens: torch.Tensor) -> AttentionMask:
+        """The mask every block uses for this batch of (batch, seq) tokens."""
+        a = self.args
+        if a.attn_mask_type == "block_causal":
+            if a.bos_id < 0:
+                raise ValueError("block_causal attention needs args.bos_id (the BOS token id)")
+            if a.attn_type == "flex":
+                return block_causal_block_mask(tokens, a.bos_id)
+            return block_causal_mask(tokens, a.bos_id)
+        if a.attn_type == "sdpa":
+            return None  # SDPA's is_causal needs no mask tensor
+        batch, seq = tokens.shape
+        key = (batch, seq, tokens.device)
+        if key not in self._causal_block_masks:
+            self._causal_block_masks[key] = create_block_mask(
+                _causal, batch, None, seq, seq, device=tokens.device
+            )
+        return self._causal_block_masks[key]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # Built here, once, rather than in each block: under activation checkpointing and
+        # compile the blocks receive it as an input and never rebuild it.
+        mask = self.attention_mask(tokens)
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
-            h = layer(h, self.freqs_cis)
+            h = layer(h, self.freqs_cis, mask)
         return self.output(self.norm(h))
 
     @torch.no_grad()

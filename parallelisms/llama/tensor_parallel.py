@@ -50,9 +50,12 @@ def apply_tp(
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                # The second input (RoPE rotations) is the same on every rank: leave it alone.
+                # The RoPE rotations and the attention mask (None, a boolean tensor over the
+                # whole sequence or a BlockMask) are the same on every rank and the attention
+                # sees the whole sequence after the all-gather: leave them alone.
                 "attention": prepare_input(
-                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                    input_layouts=(Shard(1), None, None),
+                    desired_input_layouts=(Replicate(), None, None),
                 ),
                 "attention.wq": colwise(),
                 "attention.wk": colwise(),

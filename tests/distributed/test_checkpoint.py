@@ -264,8 +264,8 @@ def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(
     copy_step(small_checkpoint, 2, folder)
     error = _resume_error(small_checkpoint, folder, "--model.n_layers", "2", "--model.dim", "128")
     assert (
-        "model key 'tok_embeddings.weight' has shape (512, 256), the model (as configured) has (512, 128)"
-        in error
+        "model key 'tok_embeddings.weight' has shape (512, 256), the model (as configured: "
+        "llama3 debugmodel) has (512, 128)" in error
     )
 
 

@@ -25,8 +25,11 @@ LAYOUTS = {
         ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"],
     ),
 }
-# lr 0: the saved weights are the loaded ones exactly, whatever the layout's arithmetic.
+# lr 0: the saved weights are the loaded ones exactly, whatever the layout's arithmetic. Causal
+# attention with every target counted: the loss transformers' forward gives.
 CONTINUE = [
+    "--model.attn_mask_type",
+    "causal",
     "--model.n_kv_heads",
     "4",
     "--optimizer.lr",

@@ -9,6 +9,9 @@ and jumping to any position (a resume) costs nothing.
 
 The loader's state is the number of windows consumed by all ranks together: a resumed run with
 another data-parallel degree or global batch size continues the same stream from there.
+
+Windows carry no document boundaries besides their tokens: every document is framed BOS ... EOS,
+and block_causal attention reads the boundaries from the BOS tokens (docs/data.md).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ of windows whatever the data-parallel degree, and the loader's state at a step b
 same on every rank (and resumes onto another degree exactly).
 The price is that each rank tokenizes the whole stream; the Rust tokenizer's batched encoding
 keeps that far below a training step's time at the scales this reader is meant for.
+The BOS framing is also what block_causal attention reads document boundaries from.
 """
 
 from __future__ import annotations
