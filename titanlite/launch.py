@@ -60,7 +60,11 @@ def _pick(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
     """The root cause: a rank that exited with one of titanlite's own codes (others were most
     likely stopped by torchrun because of it), earliest first."""
     own = {r: f for r, f in failures.items() if f.exitcode in _OWN_CODES}
-    pool = own or failures
+    # Then a rank that exited by itself (a crash) over ranks killed by a signal: those are
+    # usually the ones torchrun stopped with SIGTERM after the crash, and their timestamps can
+    # come first.
+    crashed = {r: f for r, f in failures.items() if f.exitcode > 0}
+    pool = own or crashed or failures
     rank = min(pool, key=lambda r: (pool[r].timestamp, r))
     return rank, pool[rank]
 
