@@ -97,14 +97,17 @@ def test_ctrl_c_through_run_train_sh_stops_gracefully_with_a_checkpoint(tmp_path
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
-    # Long steps (full debug windows: ~2 s each here), so the graceful stop is still under way
-    # when the user presses Ctrl-C again 1.5 s later.
+    # Long steps (40 full debug windows: ~5 s each on 2 idle cores, ~1 s per 8 windows), so the
+    # graceful stop is still under way when the user presses Ctrl-C again 1.5 s later. With the
+    # preset's 8 windows a fast machine finished the step, and the graceful stop, first.
     proc = trainer(
         [
             "--config",
             str(DEBUG_CONFIG),
             "--training.steps",
             "100",
+            "--training.local_batch_size",
+            "40",
             "--metrics.enable_tensorboard",
             "false",
             "--checkpoint.enable_checkpoint",
