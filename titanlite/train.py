@@ -104,6 +104,8 @@ class Trainer:
             dp_size=dp_size,
             seed=self.seed,
             text_field=t.dataset_text_field,
+            # Every rank reads the same text stream in step: all of them share tokenizing it.
+            tokenize_group=dist.group.WORLD if dist.get_world_size() > 1 else None,
         )
         self.validation_data = None
         if v.enabled:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from helpers import spawn
 
@@ -16,7 +17,7 @@ from titanlite.data.tokenizer import BUILTIN_TOKENIZER
 SEQ, GLOBAL_BATCH, SAVED_AT, AFTER = 47, 8, 6, 12
 
 
-def _loader(kind, source, lbs, rank, dp):
+def _loader(kind, source, lbs, rank, dp, group=None):
     src = ShardSet(source) if kind == "shards" else list_files(Path(source))
     return build_dataloader(
         src,
@@ -26,12 +27,15 @@ def _loader(kind, source, lbs, rank, dp):
         dp_rank=rank,
         dp_size=dp,
         seed=11,
+        tokenize_group=group,
     )
 
 
 def _save(rank, world, sources, out):
+    # The saving ranks share tokenizing the text stream, as the trainer's ranks do; the loading
+    # side below tokenizes alone: the state means the same either way.
     loaders = {
-        kind: _loader(kind, src, GLOBAL_BATCH // world, rank, world)
+        kind: _loader(kind, src, GLOBAL_BATCH // world, rank, world, dist.group.WORLD)
         for kind, src in sources.items()
     }
     for loader in loaders.values():
@@ -72,3 +76,36 @@ def test_dp2_checkpoint_resumes_on_dp1_and_dp4(tmp_path):
                 dcp.load({kind: loader}, checkpoint_id=out)
             got = _stream(loaders, AFTER)
             assert got.shape == reference.shape and np.array_equal(got, reference), (kind, dp)
+
+
+def _shared_tokenizing(rank, world, corpus, steps, out):
+    loader = _loader("text", corpus, GLOBAL_BATCH // world, rank, world, dist.group.WORLD)
+    it = iter(loader)
+    rows = [
+        np.concatenate([x.numpy(), y.numpy()[:, -1:]], axis=1)
+        for x, y in (next(it) for _ in range(steps))
+    ]
+    np.save(f"{out}/rank{rank}.npy", np.concatenate(rows))
+    enc = loader.dataset.encoder
+    np.save(f"{out}/tokenized{rank}.npy", np.array([enc.tokens_tokenized, enc.exchanges]))
+
+
+@pytest.mark.slow
+def test_ranks_sharing_the_tokenizing_read_exactly_the_one_process_stream(tmp_path):
+    """Each of 4 ranks tokenizes about a quarter of the documents, and together they still cut
+    exactly the windows one process cuts alone, over several exchanges and epochs."""
+    corpus = str(BUILTIN_DATASETS["titanlite_corpus"])
+    world, steps = 4, 2500
+    alone = _loader("text", corpus, GLOBAL_BATCH, 0, 1)
+    reference = _stream([alone], steps)
+    assert alone.dataset.epoch >= 1  # the stream wrapped: epochs are covered too
+    spawn(_shared_tokenizing, world, corpus, steps, str(tmp_path))
+    got = np.concatenate(
+        [np.load(tmp_path / f"rank{r}.npy").reshape(steps, -1, SEQ + 1) for r in range(world)],
+        axis=1,
+    ).reshape(-1, SEQ + 1)
+    assert np.array_equal(got, reference)
+    tokenized, exchanges = zip(*(np.load(tmp_path / f"tokenized{r}.npy") for r in range(world)))
+    assert min(exchanges) == max(exchanges) >= 2, exchanges
+    assert sum(tokenized) >= reference.size  # all the stream's tokens (and some read ahead)
+    assert max(tokenized) < 0.3 * sum(tokenized), tokenized  # a quarter each, give or take

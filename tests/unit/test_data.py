@@ -3,6 +3,7 @@ import json
 import pytest
 
 from titanlite.data import BUILTIN_DATASETS, DatasetError, PackedTextDataset, Tokenizer, list_files
+from titanlite.data.split_tokenize import split_by_chars
 from titanlite.data.tokenizer import BUILTIN_TOKENIZER, TokenizerError, resolve_tokenizer_path
 
 
@@ -153,3 +154,17 @@ def test_tokenizer_training_is_deterministic(tmp_path):
         capture_output=True,
     )
     assert out.read_bytes() == BUILTIN_TOKENIZER.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "lengths, parts",
+    [([5, 1, 1, 1, 9, 3, 3, 2], 4), ([100], 4), ([], 2), ([1, 1], 8), ([3] * 64, 64), ([0, 0], 2)],
+)
+def test_split_by_chars_gives_contiguous_parts_of_about_equal_text(lengths, parts):
+    bounds = split_by_chars(lengths, parts)
+    assert len(bounds) == parts + 1 and bounds[0] == 0 and bounds[-1] == len(lengths)
+    assert bounds == sorted(bounds)
+    sizes = [sum(lengths[a:b]) for a, b in zip(bounds, bounds[1:])]
+    # Each part overshoots its equal share by less than one document.
+    longest_doc = max(lengths, default=0)
+    assert max(sizes, default=0) <= sum(lengths) / parts + longest_doc

@@ -72,8 +72,11 @@ def build_dataloader(
     dp_size: int,
     seed: int,
     text_field: str = "text",
+    tokenize_group: Any = None,
 ) -> Any:
-    """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank."""
+    """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank.
+    `tokenize_group`: the process group that shares tokenizing a text stream (PackedTextDataset);
+    prepared shards need none."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from titanlite.data.shard_dataset import ShardWindowDataset
@@ -84,7 +87,15 @@ def build_dataloader(
         dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
     else:
         dataset = PackedTextDataset(
-            source, tokenizer, seq_len, local_batch_size, dp_rank, dp_size, seed, text_field
+            source,
+            tokenizer,
+            seq_len,
+            local_batch_size,
+            dp_rank,
+            dp_size,
+            seed,
+            text_field,
+            tokenize_group,
         )
     # torchdata 0.11 calls a torch API that torch now flags as deprecated: noise for users.
     warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")

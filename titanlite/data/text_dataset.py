@@ -7,8 +7,9 @@ document framed by BOS/EOS, concatenated and cut into non-overlapping windows of
 shared between data-parallel ranks by `RankSplit`, so the global batch of a step is the same set
 of windows whatever the data-parallel degree, and the loader's state at a step boundary is the
 same on every rank (and resumes onto another degree exactly).
-The price is that each rank tokenizes the whole stream; the Rust tokenizer's batched encoding
-keeps that far below a training step's time at the scales this reader is meant for.
+Tokenizing it is shared: given the run's process group, each rank tokenizes 1/world of every
+batch of documents and the ids are all-gathered (`SplitTokenizer`), so a rank's tokenizing work is
+its own share whatever the data-parallel degree (every rank still reads and parses every record).
 The BOS framing is also what block_causal attention reads document boundaries from.
 """
 
@@ -20,13 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from titanlite.data.documents import DatasetError, SkippedRecords, iter_documents
 from titanlite.data.rank_split import RankSplit
+from titanlite.data.split_tokenize import SplitTokenizer
 from titanlite.data.tokenizer import Tokenizer
 
 _TOKENIZE_BATCH_CHARS = 1 << 18  # text gathered per encode_batch call
+# A group tokenizes this many batches' worth at a time (one exchange each, so fewer of them),
+# capped so that the buffer of ids not yet cut into windows (and checkpointed) stays small.
+_MAX_BATCHES_PER_EXCHANGE = 8
 
 
 class PackedTextDataset(IterableDataset):
@@ -42,8 +48,13 @@ class PackedTextDataset(IterableDataset):
         dp_size: int,
         seed: int = 0,
         text_field: str = "text",
+        tokenize_group: dist.ProcessGroup | None = None,
     ):
+        """`tokenize_group`: the processes that read this same stream and share tokenizing it
+        (all of them must iterate their readers in step, as the trainer's ranks do)."""
         self.files, self.tokenizer, self.seq_len, self.seed = files, tokenizer, seq_len, seed
+        self.encoder = SplitTokenizer(tokenizer, tokenize_group)
+        self._fill_chars = _TOKENIZE_BATCH_CHARS * min(self.encoder.size, _MAX_BATCHES_PER_EXCHANGE)
         self.local_batch_size, self.dp_rank, self.dp_size = local_batch_size, dp_rank, dp_size
         self.text_field = text_field
         self.skipped = SkippedRecords()
@@ -60,11 +71,11 @@ class PackedTextDataset(IterableDataset):
         return order
 
     def _fill(self) -> None:
-        """Tokenize the next documents (about _TOKENIZE_BATCH_CHARS of text) into the buffer,
-        wrapping around to a new epoch at the end of the data."""
+        """Tokenize the next documents (about `_fill_chars` of text) into the buffer, wrapping
+        around to a new epoch at the end of the data."""
         texts: list[str] = []
         size = 0
-        while size < _TOKENIZE_BATCH_CHARS:
+        while size < self._fill_chars:
             from_start = (self.file_idx, self.record_idx) == (0, 0)
             got_any = False
             files = self._epoch_files()
@@ -75,7 +86,7 @@ class PackedTextDataset(IterableDataset):
                 texts.append(text)
                 size += len(text)
                 self.file_idx, self.record_idx = fi, ri + 1
-                if size >= _TOKENIZE_BATCH_CHARS:
+                if size >= self._fill_chars:
                     break
             else:
                 if from_start and not got_any:
@@ -84,8 +95,7 @@ class PackedTextDataset(IterableDataset):
                         f"({self.skipped.count} malformed records)"
                     )
                 self.epoch, self.file_idx, self.record_idx = self.epoch + 1, 0, 0
-        for ids in self.tokenizer.encode_documents(texts):
-            self.buffer.extend(ids)
+        self.buffer.extend(self.encoder.encode(texts))
 
     def _cut_window(self) -> list[int]:
         n = self.seq_len + 1
