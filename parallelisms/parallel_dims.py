@@ -1,8 +1,10 @@
 """The parallel layout: degrees, their validation, and the DeviceMesh built from them.
 
-Mesh dims, outermost first: dp_replicate, dp_shard, tp. Tensor parallel is innermost so that its
-frequent collectives stay on the fast intra-node links; only dims of degree > 1 are created.
-Flattened submeshes: `dp` (replicate x shard) for data loading and loss averaging.
+Mesh dims, outermost first: pp, dp_replicate, dp_shard, tp. Tensor parallel is innermost so that
+its frequent collectives stay on the fast intra-node links; pipeline parallel is outermost because
+it only sends activations between neighbouring stages, which tolerates the slowest links. Only
+dims of degree > 1 are created. Flattened submeshes: `dp` (replicate x shard) for data loading
+and loss averaging.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Meshes:
     fsdp: DeviceMesh | None  # 1D shard, or 2D (replicate, shard) for HSDP
     ddp: DeviceMesh | None  # pure replication
     tp: DeviceMesh | None
+    pp: DeviceMesh | None = None
 
     def get(self, name: str) -> DeviceMesh:
         """The submesh `name`, for a parallelism its layout has enabled."""
@@ -49,36 +52,42 @@ class ParallelDims:
     dp_shard: int
     tp: int
     world_size: int
+    pp: int = 1
 
     @classmethod
-    def resolve(cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int) -> ParallelDims:
+    def resolve(
+        cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int, pp: int = 1
+    ) -> ParallelDims:
         """Fill in dp_shard = -1 from the world size and check that the degrees multiply to it."""
         for name, value in (
             ("data_parallel_replicate_degree", dp_replicate),
             ("tensor_parallel_degree", tp),
+            ("pipeline_parallel_degree", pp),
         ):
             if value < 1:
                 raise LayoutError(f"parallelism.{name} = {value}: must be >= 1")
+        others = f"data_parallel_replicate_degree ({dp_replicate}) x tensor_parallel_degree ({tp})"
+        if pp > 1:
+            others = f"pipeline_parallel_degree ({pp}) x " + others
         if dp_shard == -1:
-            if world_size % (dp_replicate * tp):
+            if world_size % (pp * dp_replicate * tp):
                 raise LayoutError(
-                    f"world size {world_size} is not divisible by data_parallel_replicate_degree "
-                    f"({dp_replicate}) x tensor_parallel_degree ({tp}); change the degrees or the "
-                    "number of processes (NGPU)"
+                    f"world size {world_size} is not divisible by {others}; change the degrees "
+                    "or the number of processes (NGPU)"
                 )
-            dp_shard = world_size // (dp_replicate * tp)
+            dp_shard = world_size // (pp * dp_replicate * tp)
         if dp_shard < 1:
             raise LayoutError(
                 f"parallelism.data_parallel_shard_degree = {dp_shard}: must be -1 or >= 1"
             )
-        if dp_replicate * dp_shard * tp != world_size:
+        if pp * dp_replicate * dp_shard * tp != world_size:
             raise LayoutError(
-                f"data_parallel_replicate_degree ({dp_replicate}) x data_parallel_shard_degree "
-                f"({dp_shard}) x tensor_parallel_degree ({tp}) = {dp_replicate * dp_shard * tp}, "
-                f"but the world size is {world_size}; make the product equal the number of "
-                "processes (or set data_parallel_shard_degree = -1)"
+                f"{others} x data_parallel_shard_degree ({dp_shard}) = "
+                f"{pp * dp_replicate * dp_shard * tp}, but the world size is {world_size}; make "
+                "the product equal the number of processes (or set data_parallel_shard_degree "
+                "= -1)"
             )
-        return cls(dp_replicate, dp_shard, tp, world_size)
+        return cls(dp_replicate, dp_shard, tp, world_size, pp)
 
     @property
     def dp_size(self) -> int:
@@ -97,10 +106,15 @@ class ParallelDims:
     def tp_enabled(self) -> bool:
         return self.tp > 1
 
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         dims = [
             (d, n)
             for d, n in (
+                (self.pp, "pp"),
                 (self.dp_replicate, "dp_replicate"),
                 (self.dp_shard, "dp_shard"),
                 (self.tp, "tp"),
@@ -128,6 +142,7 @@ class ParallelDims:
             fsdp=fsdp,
             ddp=world["dp_replicate"] if self.ddp_enabled else None,
             tp=world["tp"] if self.tp_enabled else None,
+            pp=world["pp"] if self.pp_enabled else None,
         )
         # torch gives every group it creates for a mesh the backend's default timeout (30 min
         # on gloo, 10 on NCCL), not the default group's: a hung FSDP or TP collective would

@@ -3,8 +3,9 @@
 The one place where "build the model for this layout" happens, shared by the trainer and the dry
 run, so that the dry run plans exactly what training builds:
 
-    build_model: model on the meta device -> family's parallelize (float8 -> TP -> AC -> compile
-                 -> FSDP/DDP); nothing is allocated yet
+    build_model: model on the meta device -> (pipeline stages: copies that keep only their own
+                 parts) -> family's parallelize for each (float8 -> TP -> AC -> compile ->
+                 FSDP/DDP); nothing is allocated yet
     materialize: local shards allocated (to_empty) and filled by the layout-invariant init
     build_optimizer: the optimizer on the sharded parameters (+ float8 scale precompute)
 """
@@ -22,6 +23,14 @@ from torch import nn
 from models import TrainableModel
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions
 from parallelisms.float8 import ConversionPlan, Float8Options, register_scale_precompute
+from parallelisms.pipeline import (
+    ModelParts,
+    PipelineOptions,
+    num_stages,
+    split_layers,
+    stage_ids,
+    stage_models,
+)
 from titanlite import optim
 from titanlite.config_schema import JobConfig
 from titanlite.families import ModelFamily, get_family
@@ -64,6 +73,18 @@ def parallelize_options(job: JobConfig, dims: ParallelDims, device_type: str) ->
     )
 
 
+def pipeline_options(job: JobConfig) -> PipelineOptions:
+    p = job.parallelism
+    return PipelineOptions(
+        schedule=p.pipeline_parallel_schedule,
+        schedule_csv=p.pipeline_parallel_schedule_csv,
+        microbatch_size=p.pipeline_parallel_microbatch_size,
+        layers_per_stage=p.pipeline_parallel_layers_per_stage,
+        first_stage_less_layers=p.pipeline_parallel_first_stage_less_layers,
+        last_stage_less_layers=p.pipeline_parallel_last_stage_less_layers,
+    )
+
+
 IGNORE_INDEX = -100  # a label that gets no loss (cross_entropy's default ignore_index)
 
 
@@ -98,10 +119,16 @@ def build_loss_fn(job: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torc
 
 @dataclass
 class BuiltModel:
+    # This rank's parameters under the whole model's names (checkpoint, optimizer, clipping).
     model: nn.Module
     family: ModelFamily
     options: ParallelizeOptions
     float8_plan: ConversionPlan | None  # what float8 converted, when it is on
+    # What runs: [model] without pipeline parallel, else this rank's stages (`stage_ids` of
+    # `num_stages`).
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    num_stages: int = 1
 
     @property
     def loss_parallel(self) -> bool:
@@ -114,18 +141,27 @@ def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str
     with torch.device("meta"):
         model = family.model.model_cls(pre.model_args)
     options = parallelize_options(job, pre.dims, device_type)
-    float8_plan = family.parallelize(model, pre.dims, meshes, options)
-    return BuiltModel(model, family, options, float8_plan)
+    if not pre.dims.pp_enabled:
+        float8_plan = family.parallelize(model, pre.dims, meshes, options)
+        return BuiltModel(model, family, options, float8_plan, [model], [0])
+    pp = pipeline_options(job)
+    n_layers = pre.model_args.n_layers
+    stages = num_stages(pre.dims.pp, n_layers, pp)
+    layers = split_layers(n_layers, stages, pp.first_stage_less_layers, pp.last_stage_less_layers)
+    ids = stage_ids(meshes.get("pp").get_local_rank(), pre.dims.pp, stages, pp.schedule)
+    parts = stage_models(model, layers, ids)
+    plans = [family.parallelize(part, pre.dims, meshes, options) for part in parts]
+    return BuiltModel(ModelParts(parts), family, options, plans[0], parts, ids, stages)
 
 
 def materialize(built: BuiltModel, device: torch.device, seed: int) -> nn.Module:
     """Allocate this rank's shards and fill them: each element depends only on (seed, name,
     index in the full tensor), so every layout starts from the same weights."""
-    model = built.model
-    model.to_empty(device=torch.device("cpu") if built.options.cpu_offload else device)
-    cast(TrainableModel, model).init_weights(seed, buffer_device=device)
-    model.train()
-    return model
+    for part in built.parts:
+        part.to_empty(device=torch.device("cpu") if built.options.cpu_offload else device)
+        cast(TrainableModel, part).init_weights(seed, buffer_device=device)
+        part.train()
+    return built.model
 
 
 def build_optimizer(job: JobConfig, built: BuiltModel) -> torch.optim.Optimizer:

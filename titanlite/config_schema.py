@@ -169,14 +169,33 @@ class Parallelism:
     disable_loss_parallel: bool = opt(False, "gather logits before the loss under TP")
     enable_async_tensor_parallel: bool = opt(False, "async TP (CUDA + compile)")
     enable_compiled_autograd: bool = opt(False, "compiled autograd", unsupported=True)
-    pipeline_parallel_degree: int = opt(1, "pipeline stages", unsupported=True)
-    pipeline_parallel_split_points: list[str] = opt(
-        [], "pipeline stage boundaries", unsupported=True
+    pipeline_parallel_degree: int = opt(1, "pipeline-parallel ranks (outermost mesh dim)", min=1)
+    pipeline_parallel_schedule: str = opt(
+        "1F1B",
+        "torch.distributed.pipelining schedule: 1F1B, GPipe, Interleaved1F1B, LoopedBFS, "
+        "InterleavedZeroBubble, ZBVZeroBubble, ...",
     )
-    # Only read with pipeline_parallel_degree > 1, which is refused; TorchTitan's debug TOML
-    # names a schedule with degree 1.
-    pipeline_parallel_schedule: str = opt("1F1B", "pipeline schedule (no effect: no pipelining)")
-    pipeline_parallel_microbatch_size: int = opt(1, "pipeline micro-batch", unsupported=True)
+    pipeline_parallel_schedule_csv: str = opt(
+        "", "a schedule as a CSV of actions per rank (overrides pipeline_parallel_schedule)"
+    )
+    pipeline_parallel_microbatch_size: int = opt(
+        1, "sequences per pipeline micro-batch (splits training.local_batch_size)", min=1
+    )
+    pipeline_parallel_layers_per_stage: int | None = opt(
+        None,
+        "blocks per stage (the embedding and the output count as layers, see the *_less_layers "
+        "options); None = 1 stage per rank, or 2 for looped schedules",
+        min=1,
+    )
+    pipeline_parallel_first_stage_less_layers: int = opt(
+        1, "blocks the first stage gives up for the embedding", min=0
+    )
+    pipeline_parallel_last_stage_less_layers: int = opt(
+        1, "blocks the last stage gives up for the final norm and output", min=0
+    )
+    pipeline_parallel_split_points: list[str] = opt(
+        [], "pipeline stage boundaries (use pipeline_parallel_layers_per_stage)", unsupported=True
+    )
     context_parallel_degree: int = opt(1, "context-parallel ranks", unsupported=True)
     context_parallel_rotate_method: str = opt(
         "allgather", "context-parallel KV exchange", unsupported=True

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -65,16 +66,25 @@ def build_lr_scheduler(
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(
+    params: Sequence[torch.Tensor],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Global gradient norm over all ranks' shards, clipping when max_norm > 0.
 
     With sharded (DTensor) gradients the per-shard norms are reduced across the mesh by
-    DTensor itself; full_tensor() then gives every rank the same global value.
+    DTensor itself; full_tensor() then gives every rank the same global value. Pipeline stages
+    hold different parameters: their squared norms are summed over `pp_group`.
     """
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
+    if pp_group is not None:
+        squared = total**2
+        dist.all_reduce(squared, group=pp_group)
+        total = squared.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total

@@ -140,7 +140,10 @@ def check(
         p.data_parallel_shard_degree,
         p.tensor_parallel_degree,
         world_size,
+        p.pipeline_parallel_degree,
     )
+    if dims.pp_enabled:
+        check_pipeline_job(job, dims, args.n_layers)
     check_layout(
         dims,
         n_heads=args.n_heads,
@@ -210,6 +213,26 @@ def check(
     if job.profiling.enable_profiling and job.profiling.profile_freq < 2:
         raise ConfigError("[profiling] profile_freq must be >= 2 (one warm-up step, one traced)")
     return Preflight(dims, args, tokenizer_path, dataset, validation, accum)
+
+
+def check_pipeline_job(job: JobConfig, dims, n_layers: int) -> None:
+    from parallelisms.parallel_dims import LayoutError
+    from parallelisms.pipeline import check_pipeline
+    from titanlite.build import pipeline_options
+
+    check_pipeline(dims.pp, n_layers, job.training.local_batch_size, pipeline_options(job))
+    if dims.ddp_enabled:
+        raise LayoutError(
+            "pipeline parallel with pure replication (data_parallel_replicate_degree > 1, "
+            "data_parallel_shard_degree = 1) is not supported; use data_parallel_shard_degree "
+            "> 1 (FSDP or HSDP)"
+        )
+    if job.validation.enabled:
+        raise ConfigError(
+            "[validation] does not run under pipeline parallel yet; turn validation off "
+            "(validation.enabled = false) or validate the checkpoints on a layout without "
+            "pipeline_parallel_degree"
+        )
 
 
 def check_seq_len(job: JobConfig) -> None:

@@ -37,6 +37,7 @@ from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
 from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteGuard, NonFiniteTraining
 from titanlite.optim import build_lr_scheduler, clip_grad_norm_, reconcile_resumed_settings
+from titanlite.pipeline_step import PipelineStep
 from titanlite.preemption import (
     INTERRUPTED_EXIT_CODE,
     StopRequest,
@@ -138,6 +139,16 @@ class Trainer:
             logger.info(f"model after parallelization:\n{self.model}")
         self.loss_parallel = built.loss_parallel
         self.loss_fn = build.build_loss_fn(job)
+        self.pipeline = None
+        if self.dims.pp_enabled:
+            self.pipeline = PipelineStep(
+                built,
+                self.meshes.get("pp"),
+                self.device,
+                t.local_batch_size,
+                self.loss_fn,
+                build.pipeline_options(job),
+            )
         # Under block_causal the model cannot see across a document boundary, so the target
         # there (a document's first token) gets no loss either.
         self.boundary_bos_id = (
@@ -205,7 +216,9 @@ class Trainer:
             self.device,
             write_files=self.rank == 0,
             flops_per_token=self.flops_per_token,
-            tokens_per_step_per_device=self.tokens_per_step / self.dims.dp_size / self.dims.tp,
+            # Each device does its share of every token's FLOPs: tp and pp ranks split a
+            # model, data-parallel ranks split the batch.
+            tokens_per_step_per_device=self.tokens_per_step / self.dims.world_size,
             total_steps=t.steps,
             start_step=self.train_state.step,
             rank=self.rank,
@@ -300,6 +313,10 @@ class Trainer:
         sync_each = self.job.parallelism.fsdp_sync_grads_each_microbatch
         loss_sum = torch.zeros((), device=self.device)
         for i, (inputs, labels) in enumerate(microbatches):
+            if self.pipeline is not None:
+                with loss_context(self.loss_parallel), self.amp:
+                    loss_sum += self.pipeline(inputs, labels, scale)
+                continue
             if self.dims.fsdp_enabled and not sync_each:
                 # One reduce-scatter per step instead of one per micro-batch, for more memory.
                 cast(FSDPModule, self.model).set_requires_gradient_sync(i == n - 1)
@@ -309,7 +326,13 @@ class Trainer:
                     loss = self.loss_fn(logits, labels) * scale
                 loss.backward()
             loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
-        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm)
+        if self.pipeline is not None:
+            loss_sum = self.pipeline.share_loss(loss_sum)
+        grad_norm = clip_grad_norm_(
+            self.params,
+            self.job.training.max_norm,
+            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+        )
         lr = float(self.lr_scheduler.get_last_lr()[0])
         if self.nonfinite.allow_update(self.train_state.step, grad_norm):
             self.optimizer.step()

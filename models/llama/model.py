@@ -210,14 +210,15 @@ class Transformer(nn.Module):
         super().__init__()
         args.check()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # Optional: a pipeline stage is a copy without the parts other stages own.
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         # A dict keyed by the layer number keeps checkpoint keys stable if layers are dropped
         # or moved (as pipeline stages do).
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
         )
-        self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Not persistent: derived from args, so checkpoints need not carry it.
         self.register_buffer(
             "freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False
@@ -244,14 +245,27 @@ class Transformer(nn.Module):
             )
         return self._causal_block_masks[key]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """`x`: token ids (batch, seq) -> logits. A copy that lacks some parts (a pipeline
+        stage) starts from hidden states when it has no `tok_embeddings` (then `tokens` gives
+        the ids the attention mask is made from) and returns hidden states when it has no
+        `output`."""
+        if self.tok_embeddings is not None:
+            tokens = x
         # Built here, once, rather than in each block: under activation checkpointing and
         # compile the blocks receive it as an input and never rebuild it.
-        mask = self.attention_mask(tokens)
-        h = self.tok_embeddings(tokens)
+        mask = self.attention_mask(tokens) if tokens is not None else self._mask_without_ids()
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         for layer in self.layers.values():
             h = layer(h, self.freqs_cis, mask)
-        return self.output(self.norm(h))
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+    def _mask_without_ids(self) -> AttentionMask:
+        if self.args.attn_mask_type != "causal" or self.args.attn_type != "sdpa":
+            raise ValueError("a model without tok_embeddings needs `tokens` for its attention mask")
+        return None
 
     @torch.no_grad()
     def init_weights(self, seed: int, buffer_device: torch.device | None = None) -> None:
@@ -259,9 +273,14 @@ class Transformer(nn.Module):
         weights are the same whatever the device, dtype of the run or parallel layout."""
         device = buffer_device or self.freqs_cis.device
         self.freqs_cis = rope_frequencies(self.args, self.args.max_seq_len, device)
-        fill_trunc_normal_(self.tok_embeddings.weight, 1.0, seed, "tok_embeddings", cutoff=None)
+        # A pipeline stage lacks some parts; the names (and so the values) of the rest are the
+        # whole model's.
+        if self.tok_embeddings is not None:
+            fill_trunc_normal_(self.tok_embeddings.weight, 1.0, seed, "tok_embeddings", cutoff=None)
         for i, layer in self.layers.items():
             cast(TransformerBlock, layer).init_weights(f"layers.{i}", seed)
-        self.norm.init_weights()
-        std = self.args.dim**-0.5
-        fill_trunc_normal_(self.output.weight, std, seed, "output", cutoff=3 * std)
+        if self.norm is not None:
+            self.norm.init_weights()
+        if self.output is not None:
+            std = self.args.dim**-0.5
+            fill_trunc_normal_(self.output.weight, std, seed, "output", cutoff=3 * std)

@@ -64,7 +64,14 @@ def parallelize_llama(
             meshes.get("fsdp"),
             param_dtype=opts.param_dtype,
             reduce_dtype=opts.reduce_dtype,
-            reshard_after_forward=opts.reshard_after_forward,
+            # Under pipeline parallel a stage runs forward once per micro-batch: freeing the
+            # gathered parameters after each would all-gather them again every time (TorchTitan
+            # keeps them too).
+            reshard_after_forward=(
+                "never"
+                if dims.pp_enabled and opts.reshard_after_forward == "default"
+                else opts.reshard_after_forward
+            ),
             cpu_offload=opts.cpu_offload,
         )
     elif dims.ddp_enabled:

@@ -30,19 +30,20 @@ def apply_tp(
     float8_all_gather: bool = False,
 ) -> None:
     """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(
-                input_layouts=Shard(1),
-                output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
-                use_local_output=not loss_parallel_enabled,
-            ),
-        },
-    )
+    plan = {
+        "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
+            use_local_output=not loss_parallel_enabled,
+        ),
+    }
+    # A pipeline stage has only some of these; between stages the hidden states travel as each
+    # tp rank's sequence shard, which is what the next stage's first block takes.
+    present = {name: style for name, style in plan.items() if getattr(model, name) is not None}
+    if present:
+        parallelize_module(model, tp_mesh, present)
     for block in blocks:
         colwise, rowwise, prepare_input = tp_styles(block, float8_all_gather)
         parallelize_module(

@@ -106,6 +106,83 @@ LAYOUTS = {
             "false",
         ],
     ),
+    # Pipeline parallel (torch.distributed.pipelining), 8 sequences in pipeline micro-batches.
+    "pp2_1f1b": (
+        2,
+        ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"],
+    ),
+    "pp2_gpipe": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "GPipe",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ),
+    "pp2_interleaved1f1b": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "Interleaved1F1B",
+        ],
+    ),
+    "pp2_zbv": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "ZBVZeroBubble",
+        ],
+    ),
+    "pp2_fsdp2": (
+        4,
+        ["--training.local_batch_size", "4", "--parallelism.pipeline_parallel_degree", "2"],
+    ),
+    "pp2_tp2": (
+        4,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+    ),
+    "pp2_fsdp2_ac": (
+        4,
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--activation_checkpoint.mode",
+            "full",
+        ],
+    ),
+    "pp2_fsdp2_tp2": (
+        8,
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+    ),
     "one_proc_accum2": (
         1,
         ["--training.local_batch_size", "4", "--training.global_batch_size", "8"],

@@ -1,5 +1,5 @@
 """Run a short training under torchrun and record, on rank 0, every step's loss and the final
-full weights (gathered from their shards), for the layout-parity tests.
+full weights (gathered from their shards and pipeline stages), for the layout-parity tests.
 
     torchrun --nproc_per_node N tests/distributed/train_worker.py OUT.pt [--section.key value ...]
 """
@@ -27,6 +27,11 @@ def main() -> None:
         for name, p in trainer.model.named_parameters():
             full = p.full_tensor() if isinstance(p, DTensor) else p
             weights[name.replace("_checkpoint_wrapped_module.", "")] = full.detach().cpu().float()
+        # Pipeline stages hold different parameters: rank 0 gathers every stage's.
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, weights)
+        for part in everyone:
+            weights.update(part)
         if dist.get_rank() == 0:
             torch.save(
                 {

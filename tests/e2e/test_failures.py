@@ -343,3 +343,37 @@ def test_convert_checkpoint_refuses_crafted_metadata_and_bad_destinations(saved_
     proc = script("convert_checkpoint.py", "dcp-to-torch", ck, tmp_path / "other.pt")
     expect(proc, 2, "convert_checkpoint: error:", "names posix.system")
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
+    dump = ["--job.dump_folder", str(tmp_path / "out")]
+    pp = ["--parallelism.pipeline_parallel_degree"]
+    cases = {
+        "schedule": ([*dump, *pp, "2", "--parallelism.pipeline_parallel_schedule", "2F2B"], {}),
+        "few_microbatches": ([*dump, *pp, "4"], {"NGPU": "4"}),
+        "microbatch_size": (
+            [*dump, *pp, "2", "--parallelism.pipeline_parallel_microbatch_size", "3"],
+            {},
+        ),
+        "layers": (
+            [*dump, *pp, "4", "--model.n_layers", "1", "--training.local_batch_size", "4"],
+            {"NGPU": "4"},
+        ),
+        "validation": (
+            [*dump, *pp, "2", "--validation.enabled", "--validation.dataset_path", str(CORPUS)],
+            {},
+        ),
+        "world": ([*dump, *pp, "4"], {}),
+    }
+    for args, env in cases.values():
+        env.setdefault("NGPU", "2")
+    got = in_pairs(cases)
+    expect(got["schedule"], 2, "'2F2B' is not a schedule of torch.distributed.pipelining")
+    expect(got["few_microbatches"], 2, "needs at least as many micro-batches as stages (4)")
+    expect(got["microbatch_size"], 2, "local_batch_size = 2 is not divisible by pipeline_")
+    expect(got["layers"], 2, "1 block(s) do not split into 4 pipeline stages")
+    expect(got["validation"], 2, "[validation] does not run under pipeline parallel yet")
+    expect(got["world"], 2, "world size 2 is not divisible by pipeline_parallel_degree (4)")
+    for proc in got.values():
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

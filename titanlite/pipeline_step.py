@@ -1,0 +1,69 @@
+"""One accumulation micro-batch through the pipeline schedule: the trainer's forward + backward
+when pipeline parallel is on.
+
+The schedule splits the rank's local batch into pipeline micro-batches, runs them through this
+rank's stages and calls the loss on the last stage; `scale_grads=False` leaves the loss as the
+trainer made it (a sum over counted targets times 1 / their global number), so no micro-batch
+count divides it a second time. Every stage is given the token ids as well (`tokens=`): a later
+stage receives hidden states, but builds its attention mask from the ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from parallelisms.pipeline import PipelineOptions, build_schedule
+from titanlite.build import BuiltModel
+
+
+class PipelineStep:
+    def __init__(
+        self,
+        built: BuiltModel,
+        pp_group_mesh,
+        device: torch.device,
+        local_batch_size: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        opts: PipelineOptions,
+    ):
+        self.scale = 1.0
+        self.device = device
+        self.pp_group = pp_group_mesh.get_group()
+        self.has_first = 0 in built.stage_ids
+        self.has_last = built.num_stages - 1 in built.stage_ids
+
+        def scaled_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return loss_fn(logits, labels) * self.scale
+
+        self.schedule = build_schedule(
+            built.parts,
+            built.stage_ids,
+            built.num_stages,
+            pp_group_mesh,
+            device,
+            local_batch_size // opts.microbatch_size,
+            scaled_loss,
+            opts,
+        )
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+        """Forward and backward of one accumulation micro-batch; this rank's loss (non-zero on
+        the last stage only)."""
+        self.scale = scale
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        self.schedule.step(*args, tokens=inputs, target=labels, losses=losses, return_outputs=False)
+        total = torch.zeros((), device=self.device)
+        for loss in losses:
+            total += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
+        return total
+
+    def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss, known to the last stage only, on every stage (one all-reduce over pp)."""
+        loss = loss.clone()
+        dist.all_reduce(loss, group=self.pp_group)
+        return loss
