@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import re
 import shutil
 import sys
 import threading
@@ -116,14 +117,30 @@ class ModelState(Stateful):
 
 
 class OptimizerState(Stateful):
+    """Flattened: every hyperparameter is keyed by its parameter's name
+    ("param_groups.<fqn>.lr"), not kept in one `param_groups` list. DCP keeps one copy of each
+    key, so a list would be the list of one rank; pipeline stages hold different parameters,
+    and the other stages' groups would be lost. `flatten = False` reads checkpoints written
+    before (non-pipeline layouts only)."""
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
+        self.flatten = True
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state)
+        options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+
+
+def optimizer_saved_flattened(saved_keys: Any) -> bool:
+    """Whether a checkpoint's optimizer state is in the flattened form (titanlite's since
+    pipeline parallel) rather than as `param_groups` lists, each naming its parameters (which DCP
+    stores as "optimizer.param_groups.<group index>.params")."""
+    return not any(re.fullmatch(r"optimizer\.param_groups\.\d+\.params", k) for k in saved_keys)
 
 
 class RNGState(Stateful):
@@ -241,13 +258,18 @@ class CheckpointManager:
         self._warn_model_differences(path)
         if "dataloader" in keys:
             self._check_loader_state(path)
+        optimizer = self.states["optimizer"]
+        optimizer.flatten = optimizer_saved_flattened(read_metadata(path).state_dict_metadata)
         start = time.perf_counter()
-        dcp.load(
-            {k: self.states[k] for k in keys},
-            storage_reader=SafeFileSystemReader(str(path)),
-            planner=SafeLoadPlanner(),
-            process_group=self.pg,
-        )
+        try:
+            dcp.load(
+                {k: self.states[k] for k in keys},
+                storage_reader=SafeFileSystemReader(str(path)),
+                planner=SafeLoadPlanner(),
+                process_group=self.pg,
+            )
+        finally:
+            optimizer.flatten = True  # saves always write the flattened form
         logger.info(f"loaded {', '.join(keys)} from {path} in {time.perf_counter() - start:.1f}s")
 
     def _check_files(self, path: Path) -> None:
