@@ -27,10 +27,12 @@ class Layout:
     microbatches: int = 1
     float8: bool = False
     opts: dict = field(default_factory=dict)  # ParallelizeOptions fields
+    pp: int = 1
+    schedule: str = "1F1B"
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
 
 def _model_args():
@@ -86,7 +88,9 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     from titanlite.build import cross_entropy_loss
 
     args = _model_args()
-    dims = ParallelDims.resolve(layout.dp_replicate, layout.dp_shard, layout.tp, layout.world)
+    dims = ParallelDims.resolve(
+        layout.dp_replicate, layout.dp_shard, layout.tp, layout.world, layout.pp
+    )
     meshes = dims.build_meshes("cpu")
     opts = ParallelizeOptions(
         loss_parallel=dims.tp_enabled and layout.opts.get("loss_parallel", True),
@@ -95,29 +99,72 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     )
     with torch.device("meta"):
         model = Transformer(args)
-    parallelize_llama(model, dims, meshes, opts)
-    model.to_empty(device="cpu")
-    model.init_weights(SEED)
-    model.train()
-    loss_fn = torch.compile(cross_entropy_loss) if opts.compile else cross_entropy_loss
-
     inputs, labels = _batch(args.vocab_size)
     dp_rank, dp_size = (meshes.dp.get_local_rank(), meshes.dp.size()) if meshes.dp else (0, 1)
     per_rank = BATCH // dp_size
     inputs = inputs[dp_rank * per_rank : (dp_rank + 1) * per_rank]
     labels = labels[dp_rank * per_rank : (dp_rank + 1) * per_rank]
-    n = layout.microbatches
-    for mb_in, mb_lab in zip(inputs.chunk(n), labels.chunk(n)):
-        with loss_context(opts.loss_parallel):
-            loss = loss_fn(model(mb_in), mb_lab) / n
-            loss.backward()
+    if dims.pp_enabled:
+        model = _pipeline_backward(model, dims, meshes, opts, layout.schedule, inputs, labels)
+    else:
+        parallelize_llama(model, dims, meshes, opts)
+        model.to_empty(device="cpu")
+        model.init_weights(SEED)
+        model.train()
+        loss_fn = torch.compile(cross_entropy_loss) if opts.compile else cross_entropy_loss
+        n = layout.microbatches
+        for mb_in, mb_lab in zip(inputs.chunk(n), labels.chunk(n)):
+            with loss_context(opts.loss_parallel):
+                loss = loss_fn(model(mb_in), mb_lab) / n
+                loss.backward()
     grads: dict[str, torch.Tensor | None] = {}
     for name, p in model.named_parameters():
         g = p.grad
         if isinstance(g, DTensor):
             g = g.full_tensor()
         grads[_clean(name)] = None if g is None else g.detach().clone()
-    return grads
+    # Pipeline stages hold different parameters: every rank gets every stage's.
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, grads)
+    return {k: v for part in everyone for k, v in part.items()}
+
+
+def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels):
+    """Forward and backward through the stages and schedule the trainer builds; returns this
+    rank's stages as one module (their parameters under the whole model's names)."""
+    from parallelisms import parallelize_llama
+    from parallelisms.pipeline import (
+        ModelParts,
+        PipelineOptions,
+        build_schedule,
+        num_stages,
+        split_layers,
+        stage_ids,
+        stage_models,
+    )
+    from titanlite.build import cross_entropy_sum
+
+    pipe = PipelineOptions(schedule)
+    n_layers = len(model.layers)
+    stages = num_stages(dims.pp, n_layers, pipe)
+    ids = stage_ids(meshes.pp.get_local_rank(), dims.pp, stages, schedule)
+    parts = stage_models(model, split_layers(n_layers, stages, 1, 1), ids)
+    for part in parts:
+        parallelize_llama(part, dims, meshes, opts)
+        part.to_empty(device="cpu")
+        part.init_weights(SEED)
+        part.train()
+    tokens = inputs.numel()  # a sum over this rank's tokens / their number = its part's mean
+
+    def loss_fn(logits, target):
+        return cross_entropy_sum(logits, target) / tokens
+
+    runner = build_schedule(
+        parts, ids, stages, meshes.pp, torch.device("cpu"), len(inputs), loss_fn, pipe
+    )
+    args = (inputs,) if 0 in ids else ()
+    runner.step(*args, tokens=inputs, target=labels, losses=[], return_outputs=False)
+    return ModelParts(parts)
 
 
 def compare(got: dict, ref: dict[str, torch.Tensor]) -> dict:

@@ -36,6 +36,11 @@ WORLD2 = {
     "fsdp2_compile": {"dp_shard": 2, "opts": {"compile": True}},
     # Refused by check_layout before the fix (backward crashed): kept to show it now holds.
     "tp2_compile": {"tp": 2, "opts": {"compile": True}},
+    # Pipeline parallel (torch.distributed.pipelining): a zero-bubble schedule computes the
+    # input and weight gradients apart.
+    "pp2_1f1b": {"pp": 2},
+    "pp2_interleaved1f1b": {"pp": 2, "schedule": "Interleaved1F1B"},
+    "pp2_zbv": {"pp": 2, "schedule": "ZBVZeroBubble"},
 }
 WORLD4 = {
     "fsdp4": {"dp_shard": 4},
@@ -52,6 +57,8 @@ WORLD4 = {
     },
     "fsdp2_tp2_compile_ac_op": {**FSDP2_TP2, "opts": {"compile": True, **AC_OP}},
     "fsdp2_tp2_float8": {**FSDP2_TP2, "float8": True},
+    "pp2_fsdp2": {"pp": 2, "dp_shard": 2},
+    "pp2_tp2": {"pp": 2, "tp": 2},
 }
 
 
