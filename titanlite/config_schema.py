@@ -126,9 +126,12 @@ class Training:
     )
     dataset_path: str | None = opt(
         None,
-        "text (.txt/.jsonl/.parquet file or folder) or prepared shards (manifest.json or its folder)",
+        "text (.txt/.jsonl/.parquet file or folder, or a Hugging Face save_to_disk folder) or "
+        "prepared shards (manifest.json or its folder)",
     )
-    dataset_text_field: str = opt("text", "the text field of .jsonl records and .parquet rows")
+    dataset_text_field: str = opt(
+        "text", "the text field of .jsonl records, .parquet rows and Hugging Face dataset rows"
+    )
     local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1)
     global_batch_size: int = opt(
         -1, "sequences per optimizer step; -1 = local x dp (no accumulation)"
