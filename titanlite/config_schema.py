@@ -54,7 +54,11 @@ class Metrics:
     disable_color_printing: bool = opt(False, "plain console lines")
     save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
     save_for_all_ranks: bool = opt(False, "TensorBoard from every rank, under rank_N/")
-    enable_wandb: bool = opt(False, "Weights & Biases", unsupported=True)
+    enable_wandb: bool = opt(
+        False,
+        "log the same scalars and the config to Weights & Biases (rank 0; project, entity, "
+        "mode from WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE; docs/monitoring.md)",
+    )
     peak_flops: float | None = opt(
         None, "peak FLOP/s per device for MFU (default: from a table of known GPUs)", min=0.0
     )
