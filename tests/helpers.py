@@ -170,3 +170,25 @@ def make_hf_llama(
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     model.to(getattr(torch, dtype)).save_pretrained(folder, **save_kwargs)
     return folder
+
+
+def corpus_paragraphs() -> list[str]:
+    """The bundled corpus cut at blank lines: many short documents, in file order."""
+    corpus = ROOT / "titanlite" / "assets" / "corpus"
+    return [
+        p
+        for f in sorted(corpus.rglob("*"))
+        if f.is_file()
+        for p in f.read_text().split("\n\n")
+        if p.strip()
+    ]
+
+
+def save_hf_dataset(folder: Path, rows: list, column: str = "text", num_shards: int = 3) -> Path:
+    """A dataset written by `datasets` itself (`save_to_disk`), in several arrow files, with an
+    extra column so that the text column must be chosen by name."""
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"id": list(range(len(rows))), column: rows})
+    ds.save_to_disk(str(folder), num_shards=num_shards)
+    return folder

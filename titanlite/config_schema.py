@@ -54,7 +54,11 @@ class Metrics:
     disable_color_printing: bool = opt(False, "plain console lines")
     save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
     save_for_all_ranks: bool = opt(False, "TensorBoard from every rank, under rank_N/")
-    enable_wandb: bool = opt(False, "Weights & Biases", unsupported=True)
+    enable_wandb: bool = opt(
+        False,
+        "log the same scalars and the config to Weights & Biases (rank 0; project, entity, "
+        "mode from WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE; docs/monitoring.md)",
+    )
     peak_flops: float | None = opt(
         None, "peak FLOP/s per device for MFU (default: from a table of known GPUs)", min=0.0
     )
@@ -126,9 +130,12 @@ class Training:
     )
     dataset_path: str | None = opt(
         None,
-        "text (.txt/.jsonl/.parquet file or folder) or prepared shards (manifest.json or its folder)",
+        "text (.txt/.jsonl/.parquet file or folder, or a Hugging Face save_to_disk folder) or "
+        "prepared shards (manifest.json or its folder)",
     )
-    dataset_text_field: str = opt("text", "the text field of .jsonl records and .parquet rows")
+    dataset_text_field: str = opt(
+        "text", "the text field of .jsonl records, .parquet rows and Hugging Face dataset rows"
+    )
     local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1)
     global_batch_size: int = opt(
         -1, "sequences per optimizer step; -1 = local x dp (no accumulation)"

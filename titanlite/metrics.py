@@ -1,5 +1,5 @@
-"""Training metrics: a console line, metrics.jsonl and TensorBoard scalars, all with the same
-values. MFU is reported only where the device's peak is known; on CPU it is null.
+"""Training metrics: a console line, metrics.jsonl, TensorBoard and Weights & Biases scalars
+(wandb_run.py), all with the same values. MFU is reported only where the device's peak is known; on CPU it is null.
 
 TensorBoard: `{dump_folder}/{save_tb_folder}/run-TIME/` (rank_N/ below it for every rank with
 metrics.save_for_all_ranks), one folder per run: a launch that resumes from a checkpoint writes
@@ -133,7 +133,7 @@ class MetricsLogger:
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
         self.tokens_per_step = tokens_per_step_per_device
         self.peak = peak_flops(device, cfg.peak_flops)
-        self.jsonl = self.tb = None
+        self.jsonl = self.tb = self.wandb = None
         if write_files:
             dump_folder.mkdir(parents=True, exist_ok=True)
             path = dump_folder / "metrics.jsonl"
@@ -155,6 +155,10 @@ class MetricsLogger:
             self.tb = SummaryWriter(log_dir=str(tb_dir), purge_step=start_step + 1)
             if start_step == 0 and config_text:
                 self.tb.add_text("config", "```toml\n" + config_text + "\n```", 0)
+        if cfg.enable_wandb and write_files:
+            from titanlite.wandb_run import WandbRun
+
+            self.wandb = WandbRun(dump_folder, config_text)
         self.clock = clock or Clock()
         self.start = time.perf_counter()
         self.window_steps = 0
@@ -217,10 +221,12 @@ class MetricsLogger:
         if self.jsonl is not None:
             # Strict JSON: a non-finite figure (a skipped step's loss) is null, not NaN.
             self.jsonl.write(json.dumps({k: finite_or_none(v) for k, v in r.items()}) + "\n")
+        scalars = {tag: r[key] for key, tag in TB_TAGS.items() if r.get(key) is not None}
         if self.tb is not None:
-            for key, tag in TB_TAGS.items():
-                if r.get(key) is not None:
-                    self.tb.add_scalar(tag, r[key], r["step"])
+            for tag, value in scalars.items():
+                self.tb.add_scalar(tag, value, r["step"])
+        if self.wandb is not None:
+            self.wandb.log(r["step"], scalars)
 
     def log_goodput(self, step: int) -> None:
         """The launch's goodput (where its wall time went) on the console and in TensorBoard."""
@@ -234,9 +240,13 @@ class MetricsLogger:
         if self.tb is not None:
             for key, value in goodput.items():
                 self.tb.add_scalar(f"goodput/{key}", value, step)
+        if self.wandb is not None:
+            self.wandb.log(step, {f"goodput/{key}": value for key, value in goodput.items()})
 
     def close(self) -> None:
         if self.jsonl is not None:
             self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close()

@@ -7,6 +7,7 @@ run_train.sh does before torchrun) and exits 2 with one line on the first proble
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -68,6 +69,11 @@ def check_environment(job: JobConfig) -> None:
                 "metrics.enable_tensorboard needs tensorboard: pip install tensorboard "
                 "(or set --metrics.enable_tensorboard false)"
             ) from None
+    if job.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+        raise EnvironmentProblem(
+            "metrics.enable_wandb needs wandb: pip install 'titanlite[wandb]' (or set "
+            "--metrics.enable_wandb false)"
+        )
 
 
 def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> LlamaArgs:

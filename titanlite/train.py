@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import signal
 import sys
@@ -35,6 +34,8 @@ from titanlite.config_schema import JobConfig
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.logging import init_logger, logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
+from titanlite.metrics_file import FILE as METRICS_FILE
+from titanlite.metrics_file import read_metrics
 from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteGuard, NonFiniteTraining
 from titanlite.optim import build_lr_scheduler, clip_grad_norm_, reconcile_resumed_settings
 from titanlite.pipeline_step import PipelineStep
@@ -485,19 +486,10 @@ class StepHooks(list[StepHook]):
 
 
 def last_logged_step(dump_folder: Path) -> int:
-    """The highest step in metrics.jsonl (0 if none): how far earlier launches got. A line that
-    is not JSON (torn by a crash mid-write) is skipped: it must not make a good checkpoint
-    unusable."""
-    path = dump_folder / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    steps = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            steps.append(int(json.loads(line).get("step", 0)))
-        except (ValueError, AttributeError, TypeError):
-            continue
-    return max(steps, default=0)
+    """The highest step in metrics.jsonl (0 if none): how far earlier launches got. A torn line
+    (a crash mid-write) is skipped: it must not make a good checkpoint unusable."""
+    path = dump_folder / METRICS_FILE
+    return max(read_metrics(path), default=0) if path.exists() else 0
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,7 @@
 """The loader's position through a real DCP checkpoint (no model, so it is quick): saved by two
-data-parallel ranks on gloo, loaded on one and on four, for both readers; the global window
-stream continues exactly where the uninterrupted run's does."""
+data-parallel ranks on gloo, loaded on one and on four, for both readers (the text reader also on
+a Hugging Face dataset saved by `datasets`); the global window stream continues exactly where the
+uninterrupted run's does."""
 
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from helpers import spawn
+from helpers import corpus_paragraphs, save_hf_dataset, spawn
 
 from titanlite.data import BUILTIN_DATASETS, ShardSet, Tokenizer, build_dataloader, list_files
 from titanlite.data.prepare import prepare
@@ -62,6 +63,7 @@ def test_dp2_checkpoint_resumes_on_dp1_and_dp4(tmp_path):
     sources = {
         "shards": str(tmp_path / "shards"),
         "text": str(BUILTIN_DATASETS["titanlite_corpus"]),
+        "hf_saved": str(save_hf_dataset(tmp_path / "hf", corpus_paragraphs())),
     }
     prepare([BUILTIN_DATASETS["titanlite_corpus"]], tmp_path / "shards", shard_mb=0.04, quiet=True)
     out = str(tmp_path / "ckpt")

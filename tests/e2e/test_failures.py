@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, check, clean_env, run_script
+from helpers import ROOT, check, clean_env, run_script, save_hf_dataset
 
 TINY = [
     "--training.steps",
@@ -237,6 +237,10 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     short.mkdir()
     (short / "a.txt").write_text("hello world")
     tok = tokenizer_with_config(tmp_path / "tok", bos_token="<nope>", eos_token="<|end_of_text|>")
+    hf = save_hf_dataset(tmp_path / "hf", ["a document " * 40] * 4, column="body", num_shards=1)
+    from datasets import DatasetDict, load_from_disk
+
+    DatasetDict(train=load_from_disk(str(hf))).save_to_disk(str(tmp_path / "hf_dict"))
     dump = ["--job.dump_folder", str(tmp_path / "out")]
     cases = {
         "dump_is_file": (["--job.dump_folder", str(a_file)], {}),
@@ -254,6 +258,8 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
         "jsonl_malformed": ([*dump, "--training.dataset_path", str(malformed)], {}),
         "text_not_utf8": ([*dump, "--training.dataset_path", str(latin1)], {}),
         "text_short": ([*dump, "--training.dataset_path", str(short)], {}),
+        "hf_column": ([*dump, "--training.dataset_path", str(hf)], {}),
+        "hf_dict": ([*dump, "--training.dataset_path", str(tmp_path / "hf_dict")], {}),
     }
     got = in_pairs(cases)
     expect(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
@@ -268,6 +274,8 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect(got["jsonl_malformed"], 2, "no readable document; 3 malformed record(s)", "a.jsonl:1")
     expect(got["text_not_utf8"], 2, "no readable document; 1 malformed", "a.txt: not UTF-8")
     expect(got["text_short"], 2, "tokens, fewer than one window of seq_len + 1 = 65")
+    expect(got["hf_column"], 2, "no column 'text' (columns: id, body); set the text field")
+    expect(got["hf_dict"], 2, "is a Hugging Face DatasetDict (splits: train); point it at")
     for proc in got.values():
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert a_file.read_text() == "x"  # nothing overwritten

@@ -308,3 +308,8 @@ def test_old_torch_and_missing_packages_are_one_line_errors(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     with pytest.raises(EnvironmentProblem, match="pip install tensorboard"):
         check_environment(job)
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "wandb", None)  # find_spec: as if not installed
+    job = load("--config", str(DEBUG_CONFIG), "--metrics.enable_wandb")
+    with pytest.raises(EnvironmentProblem, match=r"pip install 'titanlite\[wandb\]'"):
+        check_environment(job)

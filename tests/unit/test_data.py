@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from helpers import corpus_paragraphs, save_hf_dataset
 
 from titanlite.data import BUILTIN_DATASETS, DatasetError, PackedTextDataset, Tokenizer, list_files
 from titanlite.data.split_tokenize import split_by_chars
@@ -81,9 +82,21 @@ def test_epochs_repeat_without_end_and_reshuffle(tok, tmp_path):
     assert len(orders) > 1  # the file order changes between epochs
 
 
+@pytest.fixture(scope="module")
+def hf_saved(tmp_path_factory):
+    """The corpus's paragraphs as a Hugging Face dataset saved by `datasets` (3 arrow files)."""
+    return save_hf_dataset(tmp_path_factory.mktemp("hf") / "saved", corpus_paragraphs())
+
+
+@pytest.mark.parametrize("source", ["files", "hf_saved"])
 @pytest.mark.parametrize("windows", [37, 36])  # inside a micro-batch, between micro-batches
-def test_state_dict_resumes_exactly(tok, windows):
-    files = list_files(BUILTIN_DATASETS["titanlite_corpus"])
+def test_state_dict_resumes_exactly(tok, windows, source, request):
+    path = (
+        BUILTIN_DATASETS["titanlite_corpus"]
+        if source == "files"
+        else request.getfixturevalue(source)
+    )
+    files = list_files(path)
     a = PackedTextDataset(files, tok, 64, 2, 1, 2, 7)
     it = iter(a)
     for _ in range(windows):

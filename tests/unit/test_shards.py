@@ -2,7 +2,6 @@
 resume and resharding of the loader position, and the checks that catch bad data."""
 
 import json
-import sys
 import types
 
 import numpy as np
@@ -287,35 +286,6 @@ def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path, capsys):
         (broken / "manifest.json").write_text(json.dumps(m))
         with pytest.raises(DatasetError, match=message):
             open_dataset(broken, tok)
-
-
-def test_hugging_face_dataset_path(tok, tmp_path, monkeypatch):
-    """The `datasets` code path, with a stand-in module (datasets is not a dependency)."""
-
-    class FakeDataset:
-        def __init__(self, rows):
-            self.rows, self.data = rows, types.SimpleNamespace(nbytes=sum(len(r) for r in rows))
-
-        def __len__(self):
-            return len(self.rows)
-
-        def __getitem__(self, s):
-            return {"text": self.rows[s]}
-
-    rows = [f"hugging face row {i} " * 5 for i in range(50)]
-    fake = types.SimpleNamespace(load_dataset=lambda name, config, split: FakeDataset(rows))
-    monkeypatch.setitem(sys.modules, "datasets", fake)
-    from titanlite.data import segments
-
-    monkeypatch.setattr(segments, "_HF_CACHE", {})
-    manifest = prepare([], tmp_path, shard_mb=0.0005, hf=("fake/name", None, "train"), quiet=True)
-    assert len(manifest["shards"]) > 1 and manifest["documents"] == 50
-    want = [t for ids in tok.encode_documents(rows) for t in ids]
-    assert ShardSet(tmp_path).tokens(0, manifest["tokens"]).tolist() == want
-    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
-    monkeypatch.setattr(segments, "_HF_CACHE", {})
-    with pytest.raises(DatasetError, match="pip install datasets"):
-        prepare([], tmp_path / "x", hf=("fake/name", None, "train"), quiet=True)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process

@@ -1,7 +1,8 @@
 """Tokenize a corpus once into prepared shards (format: shards.py), in parallel processes.
 
     python -m titanlite.data.prepare CORPUS... --output DIR [--tokenizer PATH] [--workers N]
-    python -m titanlite.data.prepare --hf-dataset NAME [--hf-config C] [--hf-split S] --output DIR
+    python -m titanlite.data.prepare --hf-dataset NAME [--hf-config C] [--hf-split S]
+        [--hf-data-files F...] [--hf-streaming] --output DIR
     python -m titanlite.data.prepare --verify DIR     # check a prepared dataset's checksums
 
 CORPUS: files or folders of .txt/.py (a file is a document), .jsonl (a line is a document) and
@@ -16,7 +17,6 @@ never mixed in: the tool refuses the folder.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import multiprocessing as mp
@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 
 from titanlite.data.documents import DatasetError, SkippedRecords, list_files
-from titanlite.data.segments import Segment, plan_files, plan_hf, read_segment
+from titanlite.data.segments import (
+    HFSource,
+    Segment,
+    plan_files,
+    plan_hf,
+    read_segment,
+    segment_record,
+)
 from titanlite.data.shards import FORMAT, MANIFEST, VERSION, ShardSet, dtype_for
 from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenizer_path
 
@@ -87,7 +94,7 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     idx.tofile(idx_tmp)
     entry["idx_crc32"] = zlib.crc32(idx.data)
     entry.update(
-        source=[dataclasses.asdict(s) for s in piece],
+        source=[segment_record(s) for s in piece],
         text_field=text_field,
         tokenizer=tok.fingerprint,
         skipped=skipped.count,
@@ -137,7 +144,7 @@ def _finished(
     except (OSError, ValueError):
         return None, None
     same = (
-        entry.get("source") == [dataclasses.asdict(s) for s in piece]
+        entry.get("source") == [segment_record(s) for s in piece]
         and entry.get("text_field") == text_field
         and entry.get("tokenizer") == fingerprint
     )
@@ -206,10 +213,10 @@ def prepare(
     workers: int = 1,
     shard_mb: float = 256,
     text_field: str = "text",
-    hf: tuple[str, str | None, str] | None = None,
+    hf: HFSource | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Tokenize `inputs` (or the Hugging Face dataset `hf` = (name, config, split)) into shards
+    """Tokenize `inputs` (or the Hugging Face dataset `hf`) into shards
     under `output`; return the manifest. workers = 1 tokenizes in this process."""
     tok_path = resolve_tokenizer_path(tokenizer_path)
     tok = Tokenizer(tok_path)
@@ -222,7 +229,7 @@ def prepare(
     _refuse_other_tokenizer(output, tok)
     target = max(1, int(shard_mb * 2**20))
     if hf is not None:
-        pieces, sources = plan_hf(*hf, target), [f"hf:{hf[0]}"]
+        pieces, sources = plan_hf(hf, target, text_field), [f"hf:{hf.name}"]
     else:
         files = [f for p in inputs for f in list_files(p, key="prepare input")]
         pieces, sources = plan_files(files, target), [str(p) for p in inputs]
@@ -349,9 +356,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     ap.add_argument("--shard-mb", type=float, default=256, help="text per shard, MiB")
     ap.add_argument("--text-field", default="text", help="text field of .jsonl/.parquet records")
-    ap.add_argument("--hf-dataset", help="a Hugging Face dataset name (needs `datasets`)")
-    ap.add_argument("--hf-config", default=None)
+    ap.add_argument(
+        "--hf-dataset",
+        help="a Hugging Face dataset: a hub name, a local folder of data files, a builder "
+        "(json, parquet, csv, text) with --hf-data-files, or a save_to_disk folder (needs "
+        "`datasets`: pip install 'titanlite[hf]')",
+    )
+    ap.add_argument("--hf-config", default=None, help="the dataset's configuration (subset)")
     ap.add_argument("--hf-split", default="train")
+    ap.add_argument("--hf-data-files", nargs="+", default=[], help="files for a builder")
+    ap.add_argument(
+        "--hf-streaming",
+        action="store_true",
+        help="read it streamed, without downloading and converting it first (one shard per "
+        "data file of the dataset)",
+    )
     ap.add_argument(
         "--verify", type=Path, help="check the checksums of a prepared dataset, and exit"
     )
@@ -371,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
             a.workers,
             a.shard_mb,
             a.text_field,
-            (a.hf_dataset, a.hf_config, a.hf_split) if a.hf_dataset else None,
+            HFSource(a.hf_dataset, a.hf_config, a.hf_split, tuple(a.hf_data_files), a.hf_streaming)
+            if a.hf_dataset
+            else None,
         )
     except (DatasetError, TokenizerError) as e:
         print(f"prepare: error: {e}", file=sys.stderr)
