@@ -153,6 +153,50 @@ def check_pipeline(pp: int, n_layers: int, local_batch_size: int, opts: Pipeline
             )
 
 
+ZERO_BUBBLE = ("interleavedzerobubble", "zbvzerobubble", "dualpipev")
+
+
+def bubble_fraction(schedule: str, pp: int, stages_per_rank: int, n_microbatches: int) -> float:
+    """The idle share of a step in theory, with forward and backward of equal cost per stage:
+    (pp - 1) / (v m + pp - 1) for GPipe and 1F1B (v = 1) and the looped schedules (v stages per
+    rank); zero-bubble schedules fill that time with weight-gradient work (0 when F, B and W
+    cost the same, which real kernels only approach)."""
+    if schedule.lower() in ZERO_BUBBLE:
+        return 0.0
+    return (pp - 1) / (stages_per_rank * n_microbatches + pp - 1)
+
+
+def microbatches_in_flight(
+    schedule: str, pp: int, pp_rank: int, stages_per_rank: int, n_microbatches: int
+) -> tuple[int, bool]:
+    """At the peak, how many (micro-batch, local stage) forwards a rank holds activations for,
+    and whether that count follows the schedule's code exactly (False: an upper bound).
+    GPipe and LoopedBFS run every forward before any backward; 1F1B's rank r warms up with
+    pp - r forwards; torch's Interleaved1F1B with (v - 1) m_round + 2 (pp - 1 - r) + 1."""
+    v, m, name = stages_per_rank, n_microbatches, schedule.lower()
+    if name in ("gpipe", "loopedbfs"):
+        return v * m, True
+    if name == "1f1b":
+        return min(m, pp - pp_rank), True
+    if name == "interleaved1f1b":
+        per_round = m // max(1, m // pp)
+        return min(v * m, (v - 1) * per_round + 2 * (pp - 1 - pp_rank) + 1), True
+    return v * m, False  # zero-bubble schedules: bounded by holding every forward
+
+
+def describe(
+    schedule: str, pp: int, layers_of_stages: list[list[int]], n_microbatches: int, mb_size: int
+) -> str:
+    per_rank = len(layers_of_stages) // pp
+    spans = ", ".join(f"{s[0]}-{s[-1]}" if s else "none" for s in layers_of_stages)
+    bubble = bubble_fraction(schedule, pp, per_rank, n_microbatches)
+    return (
+        f"pipeline: {schedule}, {len(layers_of_stages)} stages ({per_rank} per rank), blocks "
+        f"{spans}; {n_microbatches} micro-batches of {mb_size}; bubble {bubble:.1%} of a step "
+        "(in theory: forward = backward per stage)"
+    )
+
+
 def stage_models(
     model: nn.Module, layers_of_stages: list[list[int]], ids: list[int]
 ) -> list[nn.Module]:

@@ -63,7 +63,10 @@ def estimate_activations(
     ac_mode: str,
     ac_option: str,
     compute_bytes: int,
+    blocks_held: int | None = None,
+    has_output: bool = True,
 ) -> ActivationEstimate:
+    """`blocks_held` and `has_output` describe a pipeline stage (default: the whole model)."""
     e, d, t, n = compute_bytes, args.dim, tp, args.n_heads
     kv, ffn, vocab = args.kv_heads * args.head_dim, args.ffn_hidden_dim, args.vocab_size
     tokens = local_batch_size * seq_len
@@ -85,7 +88,7 @@ def estimate_activations(
     if sdpa_mask:
         op_block += tokens * e * seq_len
 
-    layers = args.n_layers
+    layers = args.n_layers if blocks_held is None else blocks_held
     if ac_mode == "none":
         blocks, recompute = layers * full_block, 0.0
     elif ac_mode == "full":
@@ -103,6 +106,9 @@ def estimate_activations(
     if sdpa_mask:
         outside += local_batch_size * seq_len * seq_len  # the boolean mask itself
     loss_backward = tokens * 4 * logits_width
+    if not has_output:  # a pipeline stage before the last: no final norm, logits or loss
+        outside = local_batch_size * seq_len * seq_len if sdpa_mask else 0
+        loss_backward = 0
     return ActivationEstimate(
         int(full_block), int(blocks), int(recompute), int(outside), int(loss_backward)
     )

@@ -26,6 +26,7 @@ from parallelisms.float8 import ConversionPlan, Float8Options, register_scale_pr
 from parallelisms.pipeline import (
     ModelParts,
     PipelineOptions,
+    describe,
     num_stages,
     split_layers,
     stage_ids,
@@ -129,6 +130,7 @@ class BuiltModel:
     parts: list[nn.Module]
     stage_ids: list[int]
     num_stages: int = 1
+    pipeline_summary: str = ""  # the split, micro-batches and bubble, for the log and dry run
 
     @property
     def loss_parallel(self) -> bool:
@@ -151,7 +153,11 @@ def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str
     ids = stage_ids(meshes.get("pp").get_local_rank(), pre.dims.pp, stages, pp.schedule)
     parts = stage_models(model, layers, ids)
     plans = [family.parallelize(part, pre.dims, meshes, options) for part in parts]
-    return BuiltModel(ModelParts(parts), family, options, plans[0], parts, ids, stages)
+    n_mb = job.training.local_batch_size // pp.microbatch_size
+    summary = describe(pp.schedule, pre.dims.pp, layers, n_mb, pp.microbatch_size)
+    built = BuiltModel(ModelParts(parts), family, options, plans[0], parts, ids, stages)
+    built.pipeline_summary = summary
+    return built
 
 
 def materialize(built: BuiltModel, device: torch.device, seed: int) -> nn.Module:

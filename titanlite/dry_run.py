@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -119,6 +119,7 @@ class Plan:
     bytes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     float8: str | None = None  # the float8 conversion plan, when float8 is on
+    pipeline: str = ""  # the stage split, micro-batches and bubble, under pipeline parallel
     # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
     # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
     headroom: int = 0
@@ -143,6 +144,8 @@ class Plan:
         ]
         if self.float8:
             lines += ["  " + line for line in self.float8.splitlines()]
+        if self.pipeline:
+            lines += ["  " + line for line in self.pipeline.splitlines()]
         lines.append("  memory per rank:")
         for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
             lines.append(f"    {name:<36} {value / GIB:9.2f} GiB")
@@ -208,17 +211,41 @@ def plan(
 
     t = job.training
     compute_bytes = opts.param_dtype.itemsize
+    pipeline = ""
+    in_flight, batch, blocks_held, has_output = 1, t.local_batch_size, None, True
+    if dims.pp_enabled:
+        in_flight, exact, batch, blocks_held, has_output = _pipeline_share(job, built, dims, rank)
+        pipeline = built.pipeline_summary + (
+            f"\n  in flight            {in_flight} (micro-batch, stage) forwards at the peak"
+            + ("" if exact else " (upper bound: this schedule's peak is not modeled)")
+        )
     act = estimate_activations(
         pre.model_args,
-        local_batch_size=t.local_batch_size,
+        local_batch_size=batch,
         seq_len=t.seq_len,
         tp=dims.tp,
         loss_parallel=opts.loss_parallel,
         ac_mode=opts.ac_mode,
         ac_option=opts.ac_option,
         compute_bytes=compute_bytes,
+        blocks_held=blocks_held,
+        has_output=has_output,
     )
-    if dims.fsdp_enabled:
+    if in_flight > 1:
+        act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)
+    if (
+        dims.fsdp_enabled
+        and dims.pp_enabled
+        and job.parallelism.fsdp_reshard_after_forward != "always"
+    ):
+        # A stage's gathered parameters stay until the step's last backward (parallelize_llama
+        # does not reshard under pipeline parallel): all of them, plus the largest gradient.
+        numels = [p.numel() for p in model.parameters()]  # DTensor: the full (global) size
+        sizes["FSDP unsharded params/grads"] = int(
+            sum(numels) * compute_bytes / dims.tp
+            + max(numels) * (compute_bytes + opts.reduce_dtype.itemsize) / dims.tp
+        )
+    elif dims.fsdp_enabled:
         sizes["FSDP unsharded params/grads"] = fsdp_transient_bytes(
             pre.model_args,
             dims.tp,
@@ -245,7 +272,25 @@ def plan(
         bytes=sizes,
         seconds=time.perf_counter() - start,
         float8=built.float8_plan.describe() if built.float8_plan is not None else None,
+        pipeline=pipeline,
     )
+
+
+def _pipeline_share(job: JobConfig, built, dims, rank: int) -> tuple[int, bool, int, int, bool]:
+    """For `rank`'s pipeline stages: (micro-batch forwards in flight at the peak, whether that is
+    exact, sequences per micro-batch, blocks per local stage on average, holds the output)."""
+    from parallelisms.pipeline import microbatches_in_flight
+
+    p = job.parallelism
+    per_rank = len(built.stage_ids)
+    n_mb = job.training.local_batch_size // p.pipeline_parallel_microbatch_size
+    pp_rank = rank // (dims.world_size // dims.pp)  # pp is the outermost mesh dim
+    in_flight, exact = microbatches_in_flight(
+        p.pipeline_parallel_schedule, dims.pp, pp_rank, per_rank, n_mb
+    )
+    blocks = sum(len(part.layers) for part in built.parts) // per_rank
+    has_output = built.num_stages - 1 in built.stage_ids
+    return in_flight, exact, p.pipeline_parallel_microbatch_size, blocks, has_output
 
 
 def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -305,12 +350,38 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= rank < world:
             raise config_lib.ConfigError(f"--dry-run.rank {rank} is outside world size {world}")
         job = config_lib.load(rest)
-        result = plan(job, world, rank, memory, opts.get("device_type", "cuda"), vocab, headroom)
+        device_type = opts.get("device_type", "cuda")
+        result = plan(job, world, rank, memory, device_type, vocab, headroom)
+        stages = []
+        pp = job.parallelism.pipeline_parallel_degree
+        if pp > 1 and "rank" not in opts:
+            # Stages differ (the first holds the embedding and the most micro-batches in
+            # flight, the last the output and the loss): one plan per stage.
+            stages = [
+                plan(job, world, r, memory, device_type, vocab, headroom)
+                for r in range(0, world, world // pp)
+            ]
     except preflight.user_errors() as e:
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2
     print(result.render())
+    if stages:
+        print(stage_table(stages))
     return 0
+
+
+def stage_table(plans: list[Plan]) -> str:
+    """One line per pipeline stage (its first rank): what differs between stages."""
+    lines = ["  per pipeline stage (GiB):", "    rank  params+grads+optim  activations  total"]
+    for p in plans:
+        b = p.bytes
+        state = b["parameters"] + b["gradients"] + b["optimizer"]
+        act = b["activations (saved)"] + b["activations (recompute + loss grad)"]
+        verdict = "FITS" if p.fits else "DOES NOT FIT"
+        lines.append(
+            f"    {p.rank:4d}  {state / GIB:18.2f}  {act / GIB:11.2f}  {p.total / GIB:5.2f}  {verdict}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

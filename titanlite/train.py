@@ -135,6 +135,8 @@ class Trainer:
         )
         if built.float8_plan is not None:
             logger.info(built.float8_plan.describe())
+        if built.pipeline_summary:
+            logger.info(built.pipeline_summary)
         self.model = build.materialize(built, self.device, self.seed)
         if job.model.print_after_conversion and self.rank == 0:
             logger.info(f"model after parallelization:\n{self.model}")

@@ -37,6 +37,38 @@ def test_presets_plan_quickly(preset, world, mesh):
     assert seconds < 60
 
 
+@pytest.mark.parametrize(
+    "preset, world, degrees, mesh, stages",
+    [
+        ("llama_70b.toml", 128, ["4", "8"], "pp=4 x dp_shard=4 x tp=8", 4),
+        ("llama_405b.toml", 512, ["8", "8"], "pp=8 x dp_shard=8 x tp=8", 8),
+    ],
+)
+def test_pipeline_plans_show_every_stage(preset, world, degrees, mesh, stages):
+    proc = _dry(
+        "--config",
+        preset,
+        "--dry-run.world_size",
+        str(world),
+        "--parallelism.pipeline_parallel_degree",
+        degrees[0],
+        "--parallelism.tensor_parallel_degree",
+        degrees[1],
+        "--training.local_batch_size",
+        "8",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"mesh                 {mesh}" in out and "bubble" in out
+    rows = out.split("per pipeline stage (GiB):")[1].strip().splitlines()[1:]
+    assert [int(r.split()[0]) for r in rows] == list(range(0, world, world // stages))
+    activations = [float(r.split()[2]) for r in rows]
+    # 1F1B: the first stage holds the most micro-batches in flight, so the most activations
+    # of the stages that do not compute the loss.
+    assert activations[0] == max(activations[:-1])
+    assert f"in flight            {stages} (micro-batch, stage)" in out  # rank 0: pp forwards
+
+
 def test_float8_plan_builds_the_nccl_only_paths():
     # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
     # cluster builds them on meta tensors, which is as far as a CPU machine can take them.
@@ -133,6 +165,7 @@ def test_fsdp_bytes_shrink_as_one_over_dp():
         (1, ["--training.local_batch_size", "8"]),
         (2, ["--training.local_batch_size", "4"]),
         (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
+        (2, ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"]),
     ],
 )
 def test_state_bytes_equal_a_real_gloo_run(tmp_path, nproc, extra):
