@@ -93,6 +93,33 @@ def test_sbatch_two_nodes_trains_like_one_node(slurm, two_rank_reference, tmp_pa
 
 
 @pytest.mark.slow
+def test_sbatch_pipeline_stages_on_two_nodes(slurm, two_rank_reference, tmp_path):
+    """The script and launcher unchanged, PP 2 with one stage per node: the same global batch
+    (8 sequences) as the 2-rank FSDP reference, so the same losses within 1e-4."""
+    log = tmp_path / "job.out"
+    proc = sbatch(
+        slurm,
+        log,
+        "--job.dump_folder",
+        str(tmp_path),
+        "--checkpoint.interval",
+        "100",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--training.local_batch_size",
+        "8",
+    )
+    out, err = proc.communicate(timeout=400)
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, f"{err}\n{text[-5000:]}"
+    assert "mesh pp=2 (world 2)" in text and "on 2 node(s): node1 node2" in text
+    got = losses_by_step(tmp_path)
+    assert sorted(got) == list(range(1, SHORT_RUN_STEPS + 1))
+    for s, loss in got.items():
+        assert abs(loss - two_rank_reference[s]) <= 1e-4 * loss, (s, loss, two_rank_reference[s])
+
+
+@pytest.mark.slow
 def test_sigusr1_checkpoints_requeues_and_resumes(slurm, two_rank_reference, tmp_path):
     log = tmp_path / "job.out"
     proc = sbatch(slurm, log, "--job.dump_folder", str(tmp_path), "--checkpoint.interval", "4")
