@@ -172,6 +172,17 @@ LAYOUTS = {
             "full",
         ],
     ),
+    # The one compiled pipeline case (compile costs ~15 s per graph on CPU).
+    "pp2_compile": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--training.compile",
+        ],
+    ),
     "pp2_fsdp2_tp2": (
         8,
         [
