@@ -62,6 +62,17 @@ class PipelineStep:
             total += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         return total
 
+    def evaluate(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward only (validation): the batch's loss sum, on every stage."""
+        self.scale = 1.0
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        self.schedule.eval(*args, tokens=inputs, target=labels, losses=losses)
+        total = torch.zeros((), device=self.device)
+        for loss in losses:
+            total += loss.full_tensor() if isinstance(loss, DTensor) else loss
+        return self.share_loss(total)
+
     def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss, known to the last stage only, on every stage (one all-reduce over pp)."""
         loss = loss.clone()

@@ -233,11 +233,15 @@ def check_pipeline_job(job: JobConfig, dims, n_layers: int) -> None:
             "data_parallel_shard_degree = 1) is not supported; use data_parallel_shard_degree "
             "> 1 (FSDP or HSDP)"
         )
-    if job.validation.enabled:
+    v, t = job.validation, job.training
+    if v.enabled and (v.seq_len or t.seq_len, v.local_batch_size or t.local_batch_size) != (
+        t.seq_len,
+        t.local_batch_size,
+    ):
+        # The stages exchange buffers shaped for the training micro-batches.
         raise ConfigError(
-            "[validation] does not run under pipeline parallel yet; turn validation off "
-            "(validation.enabled = false) or validate the checkpoints on a layout without "
-            "pipeline_parallel_degree"
+            "[validation] under pipeline parallel validates with the training shapes; leave "
+            "validation.seq_len and validation.local_batch_size unset (or equal to training's)"
         )
 
 

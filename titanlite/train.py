@@ -180,6 +180,7 @@ class Trainer:
                 self.amp,
                 self.global_sum,
                 self.boundary_bos_id,
+                forward_loss=self.pipeline.evaluate if self.pipeline is not None else None,
             )
 
     def _build_checkpoint_and_metrics(self) -> None:

@@ -88,12 +88,20 @@ class Validator:
         amp: contextlib.AbstractContextManager,
         global_sum: Callable[[torch.Tensor], torch.Tensor],
         boundary_bos_id: int | None = None,
+        forward_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ):
         """`loss_fn` sums over the counted targets; `boundary_bos_id`, when given, is the BOS
-        whose targets are not counted (block_causal)."""
+        whose targets are not counted (block_causal). `forward_loss(inputs, labels)`, when
+        given, replaces `loss_fn(model(inputs), labels)` (pipeline parallel: the schedule runs
+        the forward, and every stage gets the loss sum)."""
         self.cfg, self.data, self.model, self.loss_fn = cfg, data, model, loss_fn
         self.device, self.loss_parallel, self.amp = device, loss_parallel, amp
         self.global_sum, self.boundary_bos_id = global_sum, boundary_bos_id
+        self.forward_loss = forward_loss or self._model_loss
+
+    def _model_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(self.model(inputs), labels)
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
     def due(self, step: int, total_steps: int) -> bool:
         return step % self.cfg.freq == 0 or step == total_steps
@@ -107,8 +115,7 @@ class Validator:
                 labels = ignore_boundary_targets(labels, self.boundary_bos_id)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             with loss_context(self.loss_parallel), self.amp:
-                loss = self.loss_fn(self.model(inputs), labels)
-            total[0] += loss.full_tensor() if isinstance(loss, DTensor) else loss
+                total[0] += self.forward_loss(inputs, labels)
             total[1] += (labels != IGNORE_INDEX).sum()
         loss_sum, counted = self.global_sum(total).tolist()
         return loss_sum / max(counted, 1)

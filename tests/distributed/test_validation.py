@@ -1,5 +1,5 @@
 """Training on prepared shards with a validation loss, under torchrun on gloo: training and
-validation losses are the same on one process and on FSDP 2 x TP 2, and the validation loss
+validation losses are the same on one process, on FSDP 2 x TP 2 and on PP 2 x FSDP 2, and the validation loss
 reaches metrics.jsonl and TensorBoard; a corrupted shard stops the run at start, naming it."""
 
 import subprocess
@@ -60,39 +60,39 @@ def _one_process(args):
     )
 
 
+LAYOUTS = {
+    "fsdp2_tp2": ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"],
+    # Validation through the pipeline schedule's forward-only eval.
+    "pp2_fsdp2": [
+        "--training.local_batch_size",
+        "4",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+    ],
+}
+
+
 @pytest.mark.slow
-def test_validation_loss_is_the_same_on_one_process_and_fsdp2_tp2(shards, tmp_path):
-    one, layout = tmp_path / "one", tmp_path / "fsdp2_tp2"
+def test_validation_loss_is_the_same_on_one_process_fsdp2_tp2_and_pp2_fsdp2(shards, tmp_path):
+    one = tmp_path / "one"
     check(_one_process(_args(one, shards, "--training.local_batch_size", "8")))
-    check(
-        torchrun(
-            4,
-            ["-m", "titanlite.train"],
-            _args(
-                layout,
-                shards,
-                "--training.local_batch_size",
-                "4",
-                "--parallelism.tensor_parallel_degree",
-                "2",
-                "--metrics.enable_tensorboard",
-                "false",
-            ),
-        )
-    )
+    for name, extra in LAYOUTS.items():
+        args = _args(tmp_path / name, shards, *extra, "--metrics.enable_tensorboard", "false")
+        check(torchrun(4, ["-m", "titanlite.train"], args))
     val, train = {}, {}
-    for name, folder in (("one", one), ("fsdp2_tp2", layout)):
-        records = read_jsonl(folder / "metrics.jsonl")
+    for name in ("one", *LAYOUTS):
+        records = read_jsonl(tmp_path / name / "metrics.jsonl")
         val[name] = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
         train[name] = [r["loss"] for r in records]
         assert sorted(val[name]) == [2, 4]
-    # The shard reader gives both layouts the same global batches, and validating in between
+    # The shard reader gives every layout the same global batches, and validating in between
     # leaves training as it was.
     assert len(train["one"]) == 4
-    for ref, got in zip(train["one"], train["fsdp2_tp2"]):
-        assert abs(got - ref) <= 1e-4 * ref, train
-    for step, ref in val["one"].items():
-        assert abs(val["fsdp2_tp2"][step] - ref) <= 1e-5 * ref, (step, val)
+    for name in LAYOUTS:
+        for ref, got in zip(train["one"], train[name]):
+            assert abs(got - ref) <= 1e-4 * ref, (name, train)
+        for step, ref in val["one"].items():
+            assert abs(val[name][step] - ref) <= 1e-5 * ref, (name, step, val)
     assert val["one"][4] < val["one"][2]  # it trained on something like the held-out text
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
