@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from titanlite.clock import Clock
 from titanlite.config_schema import Metrics
@@ -130,6 +131,7 @@ class MetricsLogger:
         clock: Clock | None = None,
     ):
         self.cfg, self.device, self.start_step = cfg, device, start_step
+        self.pp_group: dist.ProcessGroup | None = None  # set by the trainer under pipeline parallel
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
         self.tokens_per_step = tokens_per_step_per_device
         self.peak = peak_flops(device, cfg.peak_flops)
@@ -184,7 +186,7 @@ class MetricsLogger:
         elapsed = self.clock.window_seconds(now)
         tps = self.tokens_per_step * self.window_steps / elapsed
         tflops = self.flops_per_token * tps / 1e12
-        record = {
+        record: dict[str, Any] = {
             "step": step,
             "loss": loss,
             "grad_norm": grad_norm,
@@ -202,6 +204,13 @@ class MetricsLogger:
         }
         if val_loss is not None:  # only on the steps that validated
             record["val_loss"] = val_loss
+        if self.pp_group is not None:
+            # Pipeline stages hold different layers, activations and micro-batches in flight:
+            # each stage's peak (its first-ranked process's, pp ranks ordered by stage).
+            mine = torch.tensor([record["memory_gib"]], dtype=torch.float64)
+            stages = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.pp_group))]
+            dist.all_gather(stages, mine, group=self.pp_group)
+            record["memory_gib_stages"] = [float(m) for m in stages]
         eta = (now - self.start) / max(1, step - self.start_step) * (self.total_steps - step)
         self._write(record, eta)
         self.clock.reset_window(now)
@@ -215,13 +224,20 @@ class MetricsLogger:
             f"{color[0]}step {r['step']:>6}{color[1]}  loss {r['loss']:.4f}  "
             f"grad_norm {r['grad_norm']:.3f}  lr {r['lr']:.2e}  tps {r['tps']:,.0f}  "
             f"tflops {r['tflops']:.2f}  mfu {mfu}  mem {r['memory_gib']:.2f}GiB  "
-            f"data {r['data_loading_pct']:.1f}%  eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+            + (
+                f"(stages {'/'.join(f'{m:.2f}' for m in r['memory_gib_stages'])})  "
+                if "memory_gib_stages" in r
+                else ""
+            )
+            + f"data {r['data_loading_pct']:.1f}%  eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
             + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
         )
         if self.jsonl is not None:
             # Strict JSON: a non-finite figure (a skipped step's loss) is null, not NaN.
             self.jsonl.write(json.dumps({k: finite_or_none(v) for k, v in r.items()}) + "\n")
         scalars = {tag: r[key] for key, tag in TB_TAGS.items() if r.get(key) is not None}
+        for stage, gib in enumerate(r.get("memory_gib_stages", [])):
+            scalars[f"memory/stage{stage}_peak_gib"] = gib
         if self.tb is not None:
             for tag, value in scalars.items():
                 self.tb.add_scalar(tag, value, r["step"])

@@ -230,6 +230,8 @@ class Trainer:
             tb_dir=tb_run_dir(self.dump_folder / job.metrics.save_tb_folder, resumed=resumed),
             clock=clock,
         )
+        if self.pipeline is not None:
+            self.metrics.pp_group = self.pipeline.pp_group
         self.clock = clock
         logger.info(
             f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "

@@ -3,6 +3,7 @@ FSDP 2 run resumes bit-exactly on its own layout and continues on one process, o
 PP 4 within 1e-4; a one-process checkpoint continues on PP 2 x TP 2."""
 
 import pytest
+from helpers import read_jsonl
 from test_checkpoint import LAYOUTS, copy_step, losses, train
 
 from titanlite.checkpoint_storage import complete_steps
@@ -37,6 +38,8 @@ def saved_pp2_fsdp2(tmp_path_factory):
     nproc, args = PP_LAYOUTS["pp2_fsdp2"]
     train(folder, nproc, *args, *RUN)
     assert complete_steps(folder / "checkpoint") == [4, 8]
+    for record in read_jsonl(folder / "metrics.jsonl"):  # each stage's peak memory is logged
+        assert len(record["memory_gib_stages"]) == 2 and min(record["memory_gib_stages"]) > 0
     return folder
 
 
