@@ -17,6 +17,7 @@ Knows the model only through its public structure: `tok_embeddings`, `layers`, `
 from __future__ import annotations
 
 import copy
+import csv
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -123,9 +124,36 @@ def stage_ids(pp_rank: int, pp: int, stages: int, schedule: str) -> list[int]:
     return [pp_rank + k * pp for k in range(per_rank)]
 
 
+def check_schedule_csv(path: str, pp: int) -> None:
+    """A schedule file torch can read: one row of actions ("0F1", "1B0", ...) per pp rank."""
+    from torch.distributed.pipelining.schedules import _Action
+
+    key = "parallelism.pipeline_parallel_schedule_csv"
+    try:
+        with open(path, newline="") as f:
+            rows = [row for row in csv.reader(f) if row]
+    except OSError as e:
+        raise LayoutError(f"{key} = {path}: cannot read it ({e.strerror or e})") from None
+    if len(rows) != pp:
+        raise LayoutError(
+            f"{key} = {path}: {len(rows)} row(s) of actions, one per pipeline rank expected ({pp})"
+        )
+    for i, row in enumerate(rows):
+        for cell in row:
+            try:
+                _Action.from_str(cell.strip())
+            except Exception:
+                raise LayoutError(
+                    f"{key} = {path}: row {i + 1}: {cell!r} is not an action "
+                    "(stage, F/B/I/W, micro-batch: e.g. 0F1)"
+                ) from None
+
+
 def check_pipeline(pp: int, n_layers: int, local_batch_size: int, opts: PipelineOptions) -> None:
     """What can be known about a pipeline layout before any process group exists."""
     schedule_class(opts.schedule)
+    if opts.schedule_csv:
+        check_schedule_csv(opts.schedule_csv, pp)
     stages = num_stages(pp, n_layers, opts)
     split_layers(n_layers, stages, opts.first_stage_less_layers, opts.last_stage_less_layers)
     stage_ids(0, pp, stages, opts.schedule)

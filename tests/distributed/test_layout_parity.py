@@ -172,6 +172,20 @@ LAYOUTS = {
             "full",
         ],
     ),
+    # A schedule given as a CSV of actions (GPipe order, 2 micro-batches of 4).
+    "pp2_csv": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "4",
+            "--parallelism.pipeline_parallel_schedule_csv",
+            str(ROOT / "tests" / "fixtures" / "pipeline" / "gpipe_2_ranks_2_microbatches.csv"),
+        ],
+    ),
     # The one compiled pipeline case (compile costs ~15 s per graph on CPU).
     "pp2_compile": (
         2,
@@ -260,7 +274,11 @@ def test_layout_matches_single_process(baseline, paragraphs, tmp_path, name):
         ((result["weights"][k] - r).norm() / r.norm()).item()
         for k, r in baseline["weights"].items()
     )
-    print(f"\n{name}: worst final-weight error {worst:.2e} (relative, in norm)")
+    loss_error = max(abs(g - r) / abs(r) for r, g in zip(baseline["losses"], result["losses"]))
+    print(
+        f"\n{name}: worst loss error {loss_error:.2e}, worst final-weight error {worst:.2e} "
+        "(relative, in norm)"
+    )
     for key, ref in baseline["weights"].items():
         torch.testing.assert_close(result["weights"][key], ref, rtol=1e-4, atol=1e-4, msg=key)
     # The run must have learned something, or equal losses would prove little.
