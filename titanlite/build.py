@@ -30,7 +30,6 @@ from parallelisms.pipeline import (
     num_stages,
     split_layers,
     stage_ids,
-    stage_models,
 )
 from titanlite import optim
 from titanlite.config_schema import JobConfig
@@ -151,7 +150,7 @@ def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str
     stages = num_stages(pre.dims.pp, n_layers, pp)
     layers = split_layers(n_layers, stages, pp.first_stage_less_layers, pp.last_stage_less_layers)
     ids = stage_ids(meshes.get("pp").get_local_rank(), pre.dims.pp, stages, pp.schedule)
-    parts = stage_models(model, layers, ids)
+    parts = family.split_stages(model, layers, ids)
     plans = [family.parallelize(part, pre.dims, meshes, options) for part in parts]
     n_mb = job.training.local_batch_size // pp.microbatch_size
     summary = describe(pp.schedule, pre.dims.pp, layers, n_mb, pp.microbatch_size)

@@ -1,8 +1,8 @@
 """The one registry of model families: `model.name` -> the model spec and the function that
 parallelizes it. It lives here, above both `models/` (which knows nothing of parallelism) and
 `parallelisms/` (which knows models only through their public structure), so that the two halves
-of a family cannot disagree. A new family adds one record (and, once pipeline parallel lands,
-its stage-split function)."""
+of a family cannot disagree. A new family adds one record: its model spec, its parallelize
+function and its pipeline stage split."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from torch import nn
 from models import ModelSpec, llama
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions, parallelize_llama
 from parallelisms.float8 import ConversionPlan
+from parallelisms.pipeline import stage_models
 
 ParallelizeFn = Callable[
     [nn.Module, ParallelDims, Meshes, ParallelizeOptions], ConversionPlan | None
 ]
+# (meta model, block numbers of every stage, this rank's stage ids) -> one copy per stage.
+SplitStagesFn = Callable[[nn.Module, list[list[int]], list[int]], list[nn.Module]]
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class ModelFamily:
     model: ModelSpec
     # In place, in the order float8 -> TP -> AC -> compile -> FSDP/DDP; returns the float8 plan.
     parallelize: ParallelizeFn
+    # Pipeline stages: copies keeping their own blocks (and embedding / output at the ends).
+    split_stages: SplitStagesFn
 
     @property
     def name(self) -> str:
@@ -32,7 +37,7 @@ class ModelFamily:
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    f.name: f for f in (ModelFamily(llama.SPEC, parallelize_llama),)
+    f.name: f for f in (ModelFamily(llama.SPEC, parallelize_llama, stage_models),)
 }
 
 
