@@ -82,6 +82,13 @@ class Model:
         "target counted",
         choices=["causal", "block_causal"],
     )
+    rope_positions: str = opt(
+        "window",
+        "RoPE positions: 'window' counts from the window start (as TorchTitan); 'document' "
+        "restarts at each document's first token (needs attn_mask_type = 'block_causal'; "
+        "docs/data.md has the measured comparison)",
+        choices=["window", "document"],
+    )
     # Shape overrides for experiments; None keeps the flavor's value.
     dim: int | None = opt(None, "hidden size", min=1)
     n_layers: int | None = opt(None, "transformer blocks", min=1)

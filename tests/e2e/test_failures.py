@@ -254,6 +254,10 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
         "jsonl_malformed": ([*dump, "--training.dataset_path", str(malformed)], {}),
         "text_not_utf8": ([*dump, "--training.dataset_path", str(latin1)], {}),
         "text_short": ([*dump, "--training.dataset_path", str(short)], {}),
+        "rope_causal": (
+            [*dump, "--model.attn_mask_type", "causal", "--model.rope_positions", "document"],
+            {},
+        ),
     }
     got = in_pairs(cases)
     expect(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
@@ -268,6 +272,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect(got["jsonl_malformed"], 2, "no readable document; 3 malformed record(s)", "a.jsonl:1")
     expect(got["text_not_utf8"], 2, "no readable document; 1 malformed", "a.txt: not UTF-8")
     expect(got["text_short"], 2, "tokens, fewer than one window of seq_len + 1 = 65")
+    expect(got["rope_causal"], 2, "rope_positions = 'document' needs attn_mask_type")
     for proc in got.values():
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert a_file.read_text() == "x"  # nothing overwritten
