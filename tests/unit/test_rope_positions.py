@@ -1,6 +1,8 @@
 """RoPE positions per document (`rope_positions = "document"`): a document is encoded the same
 wherever packing put it in the window; "window" stays what it was (the table's first rows)."""
 
+import dataclasses
+
 import pytest
 import test_document_mask
 import torch
@@ -95,3 +97,25 @@ def test_document_positions_with_causal_mask_is_a_preflight_error():
     argv = ["--config", str(DEBUG_CONFIG), "--model.attn_mask_type", "causal"]
     with pytest.raises(ConfigError, match="needs attn_mask_type = 'block_causal'"):
         preflight.run([*argv, "--model.rope_positions", "document"], 1)
+
+
+def test_document_positions_round_less_than_far_window_positions():
+    """The one difference document positions make under block_causal: the table's float32
+    angles t·θ lose precision as t grows, so a document far into a long window gets slightly
+    less exact attention scores than the same document at position 0 (8B's RoPE here)."""
+    from models.llama import FLAVORS
+    from models.llama.model import rope_frequencies
+
+    args = dataclasses.replace(FLAVORS["8B"], vocab_size=8)
+    q, k = torch.randn(2, 1, 64, 1, args.head_dim, generator=torch.Generator().manual_seed(0))
+    table = rope_frequencies(args, 32768 + 64)
+    # Small angles round little: the reference for the same 64 relative positions.
+    exact = rope_frequencies(args, 64).to(torch.complex128)
+
+    def scores(freqs: torch.Tensor, x: torch.Tensor = q, y: torch.Tensor = k) -> torch.Tensor:
+        rq, rk = apply_rope(x, y, freqs)
+        return torch.einsum("bshd,bthd->st", rq.double(), rk.double())
+
+    reference = scores(exact, q.double(), k.double())
+    error = {s: (scores(table[s : s + 64]) - reference).abs().max().item() for s in (0, 32768)}
+    assert error[32768] > 100 * error[0], error
