@@ -85,8 +85,8 @@ class Model:
     rope_positions: str = opt(
         "window",
         "RoPE positions: 'window' counts from the window start (as TorchTitan); 'document' "
-        "restarts at each document's first token (needs attn_mask_type = 'block_causal'; "
-        "docs/data.md has the measured comparison)",
+        "restarts at each document's first token (needs attn_mask_type = 'block_causal', under "
+        "which both are the same function up to float rounding; docs/data.md)",
         choices=["window", "document"],
     )
     # Shape overrides for experiments; None keeps the flavor's value.

@@ -30,8 +30,9 @@ class LlamaArgs:
     attn_type: str = "sdpa"  # "sdpa" (scaled_dot_product_attention) or "flex" (FlexAttention)
     attn_mask_type: str = "causal"  # "causal" or "block_causal"
     # RoPE positions: "window" counts from the window start (TorchTitan); "document" restarts
-    # at each document's first token, so a document is encoded the same wherever the packing
-    # put it. Only meaningful where documents are kept apart, hence block_causal only.
+    # at each document's first token. Under block_causal the two are the same function up to
+    # rounding (scores depend on position differences, all within one document); across
+    # documents (causal) restarting positions would scramble them, hence block_causal only.
     rope_positions: str = "window"
     # The token that starts a document (from the tokenizer); only block_causal reads it, and
     # only in forward, so that shape-only uses (a dry run, conversions) need no tokenizer.

@@ -9,7 +9,8 @@ per forward, before the blocks, and every block receives the same object: a bool
 (batch, 1, seq, seq) tensor for SDPA, a `BlockMask` for FlexAttention.
 
 RoPE positions (`args.rope_positions`): "window" counts from the window start; "document"
-restarts at each document's first token (computed once per forward, beside the mask).
+restarts at each document's first token (computed once per forward, beside the mask). Under
+block_causal both give the same function up to float rounding.
 
 Nothing here knows about parallelism. Tensor parallel relies only on two habits: head counts are
 inferred from the projected width (`view(..., -1, head_dim)`), so column-sharded projections
@@ -66,13 +67,13 @@ def apply_rope(
     input is sharded on seq, so only the attention knows the full length), or one rotation per
     token, (batch, seq, head_dim/2), for positions that differ between sequences."""
     if freqs.ndim == 2:
-        per_token = freqs[None, : xq.shape[1], None, :]
+        rotations = freqs[None, : xq.shape[1], None, :]
     else:
-        per_token = freqs[:, :, None, :]
+        rotations = freqs[:, :, None, :]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        out = torch.view_as_real(xc * per_token).flatten(3)
+        out = torch.view_as_real(xc * rotations).flatten(3)
         return out.type_as(x)
 
     return rotate(xq), rotate(xk)
