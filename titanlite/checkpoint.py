@@ -556,8 +556,8 @@ def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list
     escape the shape check; a checkpoint that records its model (e.g. one converted from
     Hugging Face) is compared field by field, for a warning, not an error: changing rope_theta
     to extend the context is a legitimate use. Not compared: what the shape check covers in
-    other terms (the FFN width's recipe), the RoPE table's length, the init recipe and the
-    attention kernel and mask."""
+    other terms (the FFN width's recipe), the RoPE table's length, the init recipe, the
+    attention kernel and mask, and where RoPE positions start."""
 
     def norm(args: dict[str, Any]) -> dict[str, Any]:
         args = {
@@ -573,6 +573,7 @@ def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list
                 # weights fit either), and older manifests do not record it.
                 "attn_type",
                 "attn_mask_type",
+                "rope_positions",
                 "bos_id",
             )
         }

@@ -86,6 +86,13 @@ class Model:
         "target counted",
         choices=["causal", "block_causal"],
     )
+    rope_positions: str = opt(
+        "window",
+        "RoPE positions: 'window' counts from the window start (as TorchTitan); 'document' "
+        "restarts at each document's first token (needs attn_mask_type = 'block_causal', under "
+        "which both are the same function up to float rounding; docs/data.md)",
+        choices=["window", "document"],
+    )
     # Shape overrides for experiments; None keeps the flavor's value.
     dim: int | None = opt(None, "hidden size", min=1)
     n_layers: int | None = opt(None, "transformer blocks", min=1)

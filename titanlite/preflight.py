@@ -99,6 +99,7 @@ def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> LlamaArgs:
             rope_theta=m.rope_theta,
             attn_type=m.attn_type,
             attn_mask_type=m.attn_mask_type,
+            rope_positions=m.rope_positions,
             bos_id=bos_id,
         )
     )

@@ -29,6 +29,11 @@ class LlamaArgs:
     # window's tokens before its first BOS (a document cut by the window start) form one more.
     attn_type: str = "sdpa"  # "sdpa" (scaled_dot_product_attention) or "flex" (FlexAttention)
     attn_mask_type: str = "causal"  # "causal" or "block_causal"
+    # RoPE positions: "window" counts from the window start (TorchTitan); "document" restarts
+    # at each document's first token. Under block_causal the two are the same function up to
+    # rounding (scores depend on position differences, all within one document); across
+    # documents (causal) restarting positions would scramble them, hence block_causal only.
+    rope_positions: str = "window"
     # The token that starts a document (from the tokenizer); only block_causal reads it, and
     # only in forward, so that shape-only uses (a dry run, conversions) need no tokenizer.
     bos_id: int = -1
@@ -87,10 +92,21 @@ class LlamaArgs:
             raise ValueError(
                 f"attn_mask_type = {self.attn_mask_type!r}: expected one of {ATTN_MASK_TYPES}"
             )
+        if self.rope_positions not in ROPE_POSITIONS:
+            raise ValueError(
+                f"rope_positions = {self.rope_positions!r}: expected one of {ROPE_POSITIONS}"
+            )
+        if self.rope_positions == "document" and self.attn_mask_type != "block_causal":
+            raise ValueError(
+                "rope_positions = 'document' needs attn_mask_type = 'block_causal' (with "
+                f"{self.attn_mask_type!r} a token attends across documents whose positions "
+                "restart); use rope_positions = 'window'"
+            )
 
 
 ATTN_TYPES = ("sdpa", "flex")
 ATTN_MASK_TYPES = ("causal", "block_causal")
+ROPE_POSITIONS = ("window", "document")
 
 
 FLAVORS: dict[str, LlamaArgs] = {

@@ -8,6 +8,10 @@ to earlier tokens of its own document. Document boundaries come from the input t
 per forward, before the blocks, and every block receives the same object: a boolean
 (batch, 1, seq, seq) tensor for SDPA, a `BlockMask` for FlexAttention.
 
+RoPE positions (`args.rope_positions`): "window" counts from the window start; "document"
+restarts at each document's first token (computed once per forward, beside the mask). Under
+block_causal both give the same function up to float rounding.
+
 Nothing here knows about parallelism. Tensor parallel relies only on two habits: head counts are
 inferred from the projected width (`view(..., -1, head_dim)`), so column-sharded projections
 work unchanged, and every sub-module has a stable name (`attention.wq`, `feed_forward.w1`, ...).
@@ -57,13 +61,19 @@ def _llama31_scale(
 def apply_rope(
     xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (batch, seq, heads, head_dim) queries and keys by position; `freqs` may cover
-    more positions than seq (the model passes its whole table: under sequence parallel the
-    block input is sharded on seq, so only the attention knows the full length)."""
+    """Rotate (batch, seq, heads, head_dim) queries and keys by position. `freqs` is either the
+    table (positions, head_dim/2), whose first seq rows serve every sequence and which may cover
+    more positions than seq (the model passes its whole table: under sequence parallel the block
+    input is sharded on seq, so only the attention knows the full length), or one rotation per
+    token, (batch, seq, head_dim/2), for positions that differ between sequences."""
+    if freqs.ndim == 2:
+        rotations = freqs[None, : xq.shape[1], None, :]
+    else:
+        rotations = freqs[:, :, None, :]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        out = torch.view_as_real(xc * freqs[None, : x.shape[1], None, :]).flatten(3)
+        out = torch.view_as_real(xc * rotations).flatten(3)
         return out.type_as(x)
 
     return rotate(xq), rotate(xk)
@@ -77,6 +87,15 @@ def document_ids(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
     tokens up to and including the token, so tokens before the first BOS (a document that began
     in an earlier window) are document 0."""
     return (tokens == bos_id).cumsum(dim=-1)
+
+
+def document_positions(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """(batch, seq) -> each token's offset from its document's first token within the window;
+    the tokens before the first BOS count from the window start, as their document's earlier
+    tokens are not in the window."""
+    idx = torch.arange(tokens.shape[-1], device=tokens.device)
+    starts = torch.where(tokens == bos_id, idx, 0).cummax(dim=-1).values
+    return idx - starts
 
 
 def block_causal_mask(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -245,19 +264,31 @@ class Transformer(nn.Module):
             )
         return self._causal_block_masks[key]
 
+    def rope_freqs(self, tokens: torch.Tensor | None) -> torch.Tensor:
+        """The RoPE rotations every block uses for this batch: the whole table for window
+        positions, else each token's rotation at its position in its document."""
+        if self.args.rope_positions == "window":
+            return self.freqs_cis
+        if tokens is None:
+            raise ValueError("document RoPE positions need `tokens` (the ids)")
+        return self.freqs_cis[document_positions(tokens, self.args.bos_id)]
+
     def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """`x`: token ids (batch, seq) -> logits. A copy that lacks some parts (a pipeline
         stage) starts from hidden states when it has no `tok_embeddings` (then `tokens` gives
-        the ids the attention mask is made from) and returns hidden states when it has no
-        `output`."""
+        the ids the attention mask and positions are made from) and returns hidden states when
+        it has no `output`."""
         if self.tok_embeddings is not None:
             tokens = x
         # Built here, once, rather than in each block: under activation checkpointing and
-        # compile the blocks receive it as an input and never rebuild it.
+        # compile the blocks receive them as inputs and never rebuild them. Under tensor
+        # parallel `tokens` is still whole and the same on every rank (the embedding shards
+        # its output), so every rank computes the same positions.
         mask = self.attention_mask(tokens) if tokens is not None else self._mask_without_ids()
+        freqs = self.rope_freqs(tokens)
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         for layer in self.layers.values():
-            h = layer(h, self.freqs_cis, mask)
+            h = layer(h, freqs, mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

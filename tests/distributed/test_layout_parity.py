@@ -82,6 +82,21 @@ LAYOUTS = {
             "op",
         ],
     ),
+    # Per-document RoPE positions: under block_causal the same function as window positions
+    # (RoPE scores depend on position differences, which stay within a document), so the
+    # one-process window run is its reference too. What this checks: under sequence parallel
+    # every rank computes the positions from the whole, replicated tokens.
+    "tp2_rope_document": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--model.rope_positions",
+            "document",
+        ],
+    ),
     "fsdp2_compile": (2, ["--training.local_batch_size", "4", "--training.compile"]),
     "fsdp2_tp2_compile": (
         4,

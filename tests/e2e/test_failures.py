@@ -260,6 +260,10 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
         "text_short": ([*dump, "--training.dataset_path", str(short)], {}),
         "hf_column": ([*dump, "--training.dataset_path", str(hf)], {}),
         "hf_dict": ([*dump, "--training.dataset_path", str(tmp_path / "hf_dict")], {}),
+        "rope_causal": (
+            [*dump, "--model.attn_mask_type", "causal", "--model.rope_positions", "document"],
+            {},
+        ),
     }
     got = in_pairs(cases)
     expect(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
@@ -276,6 +280,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect(got["text_short"], 2, "tokens, fewer than one window of seq_len + 1 = 65")
     expect(got["hf_column"], 2, "no column 'text' (columns: id, body); set the text field")
     expect(got["hf_dict"], 2, "is a Hugging Face DatasetDict (splits: train); point it at")
+    expect(got["rope_causal"], 2, "rope_positions = 'document' needs attn_mask_type")
     for proc in got.values():
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert a_file.read_text() == "x"  # nothing overwritten
