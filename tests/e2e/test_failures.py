@@ -388,7 +388,7 @@ def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
         ),
         "world": ([*dump, *pp, "4"], {}),
     }
-    for args, env in cases.values():
+    for _, env in cases.values():
         env.setdefault("NGPU", "2")
     got = in_pairs(cases)
     expect(got["schedule"], 2, "'2F2B' is not a schedule of torch.distributed.pipelining")
