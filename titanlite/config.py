@@ -26,6 +26,7 @@ from titanlite.config_schema import (
     UNIMPLEMENTED_SECTIONS,
     JobConfig,
 )
+from titanlite.logging import logger
 
 
 class ConfigError(ValueError):
@@ -412,3 +413,15 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def save_resolved(dump_folder: Path, text: str) -> None:
+    """`config.toml` in the dump folder: what this run resolved. An earlier run's different
+    config is kept beside it (config.<mtime>.toml), never overwritten."""
+    dump_folder.mkdir(parents=True, exist_ok=True)
+    path = dump_folder / "config.toml"
+    if path.exists() and path.read_text() != text:
+        kept = path.with_name(f"config.{int(path.stat().st_mtime)}.toml")
+        path.rename(kept)
+        logger.info(f"an earlier run's config kept as {kept}")
+    path.write_text(text)

@@ -10,6 +10,8 @@ import random
 import torch
 import torch.distributed as dist
 
+from titanlite.logging import logger
+
 
 def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,3 +127,13 @@ def shared_check(n_items: int, check, group=None) -> list[str]:
     everyone: list[list[str]] = [[] for _ in range(world)]
     dist.all_gather_object(everyone, problems, group=group)
     return sorted({p for ps in everyone for p in ps})
+
+
+def log_layout(world_mesh, description: str, device: torch.device) -> None:
+    """The rank -> device -> mesh coordinate map, once, on rank 0."""
+    coordinate = dict(zip(world_mesh.mesh_dim_names or (), world_mesh.get_coordinate() or ()))
+    mine = f"rank {dist.get_rank()} -> {device} -> {coordinate}"
+    everyone: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        logger.info(f"mesh {description}:\n  " + "\n  ".join(everyone))

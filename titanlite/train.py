@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import signal
 import sys
 import time
@@ -32,18 +31,15 @@ from titanlite.checkpoint import CheckpointManager, config_hash, model_config_re
 from titanlite.clock import Clock
 from titanlite.config_schema import JobConfig
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
-from titanlite.logging import init_logger, logger
+from titanlite.logging import logger
 from titanlite.metrics import MetricsLogger, tb_run_dir
 from titanlite.metrics_file import FILE as METRICS_FILE
 from titanlite.metrics_file import read_metrics
-from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteGuard, NonFiniteTraining
+from titanlite.nonfinite import NonFiniteGuard
 from titanlite.optim import build_lr_scheduler, clip_grad_norm_, reconcile_resumed_settings
 from titanlite.pipeline_step import PipelineStep
 from titanlite.preemption import (
-    INTERRUPTED_EXIT_CODE,
     StopRequest,
-    exit_code_for,
-    requeue_slurm_job,
 )
 from titanlite.profiling import maybe_memory_snapshots, maybe_profile, oom_snapshot
 from titanlite.validate import ValidationData, Validator
@@ -78,7 +74,7 @@ class Trainer:
         self.rank = dist.get_rank()
         distributed.check_distinct_devices(self.device)
         self.meshes = self.dims.build_meshes(self.device.type)
-        self._log_layout()
+        distributed.log_layout(self.meshes.world, self.dims.describe(), self.device)
         self.seed = distributed.agree_on_seed(job.training.seed)
         distributed.set_determinism(self.seed, job.training.deterministic)
         self.dump_folder = Path(job.job.dump_folder)
@@ -207,7 +203,7 @@ class Trainer:
         if resumed:
             self._reconcile_resumed_settings()
         if self.rank == 0:  # after the resume: it records what actually runs
-            self._save_resolved_config()
+            config_lib.save_resolved(self.dump_folder, self.config_text)
         # Steps up to here were trained by an earlier launch past its last checkpoint: this
         # launch trains them again (lost time for goodput).
         clock = Clock(self.launch_start, last_logged_step(self.dump_folder) if resumed else 0)
@@ -239,16 +235,6 @@ class Trainer:
             f"{self.dims.dp_size}, {t.local_batch_size * self.dims.dp_size * self.grad_accum_steps} "
             "sequences per step"
         )
-
-    def _log_layout(self) -> None:
-        """The rank -> device -> mesh coordinate map, once, on rank 0."""
-        world = self.meshes.world
-        coordinate = dict(zip(world.mesh_dim_names or (), world.get_coordinate() or ()))
-        mine = f"rank {self.rank} -> {self.device} -> {coordinate}"
-        everyone: list[str] = [""] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        if self.rank == 0:
-            logger.info(f"mesh {self.dims.describe()}:\n  " + "\n  ".join(everyone))
 
     def _reconcile_resumed_settings(self) -> None:
         """One warning per [optimizer] setting where the checkpoint and the config disagree;
@@ -283,15 +269,6 @@ class Trainer:
             f"{shards.total_tokens:,} tokens, checksums verified in "
             f"{time.perf_counter() - start:.1f}s"
         )
-
-    def _save_resolved_config(self) -> None:
-        self.dump_folder.mkdir(parents=True, exist_ok=True)
-        path, text = self.dump_folder / "config.toml", self.config_text
-        if path.exists() and path.read_text() != text:
-            kept = path.with_name(f"config.{int(path.stat().st_mtime)}.toml")
-            path.rename(kept)
-            logger.info(f"an earlier run's config kept as {kept}")
-        path.write_text(text)
 
     def next_microbatches(self, data_iter: Iterator[Microbatch]) -> list[Microbatch]:
         with self.clock.span("data"):
@@ -498,69 +475,15 @@ def last_logged_step(dump_folder: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    launch_start = time.perf_counter()
-    init_logger()
-    # First: a preemption notice during start-up must not kill the process (the default action
-    # of SIGUSR1); it is honoured after the first step.
-    stop = StopRequest()
-    try:
-        return _run(argv, stop, launch_start)
-    except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one during training
-        print(
-            "titanlite: interrupted: stopped at once; training since the latest checkpoint is "
-            "not saved",
-            file=sys.stderr,
-        )
-        return INTERRUPTED_EXIT_CODE
+    """`python -m titanlite.train ARGS` (what torchrun and run_train.sh start): titanlite.cli
+    turns every outcome into one line and an exit code."""
+    from titanlite.cli import main as cli_main  # it imports this module: resolved at call time
 
-
-def _fail(error: BaseException, code: int) -> int:
-    print(f"titanlite: error: {error}", file=sys.stderr)
-    return code
-
-
-def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
-    try:
-        job, pre = preflight.run(argv, distributed.launched_world_size())
-    except preflight.user_errors() as e:
-        return _fail(e, 2)
-    if job.job.print_config or job.job.print_args:
-        if os.environ.get("RANK", "0") == "0":
-            print(config_lib.to_toml(job))
-    try:
-        trainer = Trainer(job, pre, launch_start)
-    except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
-        return _fail(e, 2)
-    interrupted = False
-    failure: tuple[BaseException, int] | None = None
-    try:
-        if job.checkpoint.create_seed_checkpoint:
-            trainer.save_seed_checkpoint()
-        else:
-            trainer.train(stop)
-    except KeyboardInterrupt:
-        interrupted = True  # at once: no waiting for background saves or for peers
-        raise
-    except NonFiniteTraining as e:
-        failure = (e, NONFINITE_EXIT_CODE)
-    except preflight.user_errors() as e:  # e.g. a save that failed (disk full) under "stop"
-        failure = (e, 2)
-    finally:
-        if not interrupted:
-            trainer.close()  # background saves of good steps complete first
-    if failure is not None:  # printed last, after anything close() logs
-        return _fail(*failure)
-    if trainer.preempted:
-        # After close(): the checkpoint is complete on every rank before SLURM (which a
-        # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
-        if trainer.preempted != signal.SIGINT and job.job.requeue_on_preemption:
-            if os.environ.get("RANK", "0") == "0":
-                requeue_slurm_job()
-        print(f"titanlite: {trainer.stop_message}", file=sys.stderr)
-    return exit_code_for(trainer.preempted) if trainer.preempted else 0
+    return cli_main(argv)
 
 
 def cli() -> None:
+    """The `titanlite-train` script of installs made before titanlite.cli existed."""
     sys.exit(main(sys.argv[1:]))
 
 

@@ -1,6 +1,7 @@
 """Train under torchrun, but rank STALL_RANK stalls at step 2 just before its token embedding's
 reduce-scatter (a TP-group collective), as a hung GPU or process would; its TP peer is left
-waiting inside that collective. For the collective-timeout test.
+waiting inside that collective. Only in the first attempt: a group torchrun restarts
+(--max-restarts) trains normally. For the collective-timeout tests.
 
     torchrun --nproc_per_node 4 tests/distributed/stall_worker.py STALL_RANK [--section.key v ...]
 """
@@ -31,7 +32,8 @@ def main() -> None:
             print(f"STALL_START {time.time():.3f}", file=sys.stderr, flush=True)
             time.sleep(600)
 
-    if int(os.environ["RANK"]) == stall_rank:
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if int(os.environ["RANK"]) == stall_rank and first_attempt:
         trainer.model.tok_embeddings.register_forward_pre_hook(stall)
     try:
         trainer.train()

@@ -14,9 +14,8 @@ TRAIN_TIMEOUT = 5
 STALL_RANK, TP_PEER = 3, 2
 
 
-@pytest.mark.slow
-def test_stalled_tp_collective_times_out(tmp_path):
-    args = [
+def _args(tmp_path) -> list[str]:
+    return [
         "--config",
         str(DEBUG_CONFIG),
         "--model.n_layers",
@@ -36,6 +35,11 @@ def test_stalled_tp_collective_times_out(tmp_path):
         "--job.dump_folder",
         str(tmp_path),
     ]
+
+
+@pytest.mark.slow
+def test_stalled_tp_collective_times_out(tmp_path):
+    args = _args(tmp_path)
     proc = torchrun(4, ["tests/distributed/stall_worker.py", str(STALL_RANK)], args, timeout=300)
     end = time.time()
     assert proc.returncode != 0, proc.stderr[-3000:]
@@ -48,3 +52,21 @@ def test_stalled_tp_collective_times_out(tmp_path):
     print(f"\nstall -> group exit: {elapsed:.1f} s (train_timeout {TRAIN_TIMEOUT} s)")
     # Measured ~10 s on 2 busy cores: the timeout, then torchrun stopping the other ranks.
     assert elapsed < TRAIN_TIMEOUT + 15, elapsed
+
+
+@pytest.mark.slow
+def test_a_timed_out_group_restarts_and_resumes_from_its_checkpoint(tmp_path):
+    """What MAX_RESTARTS is for: torchrun restarts the group after the timeout, and the new
+    group (whose ranks no longer stall) resumes from the last checkpoint and finishes."""
+    args = [*_args(tmp_path), "--checkpoint.enable_checkpoint", "--checkpoint.interval", "1"]
+    proc = torchrun(
+        4,
+        ["--max-restarts=1", "tests/distributed/stall_worker.py", str(STALL_RANK)],
+        args,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert proc.stderr.count("STALL_START") == 1
+    assert re.search(rf"Timed out waiting {TRAIN_TIMEOUT * 1000}ms", proc.stderr)
+    assert "resuming at step 1" in proc.stderr, proc.stderr[-6000:]
+    assert "training done: 4 steps" in proc.stderr

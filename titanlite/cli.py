@@ -1,0 +1,89 @@
+"""The trainer's entry point: preflight, build, train, and every way that can end turned into one
+line on stderr and an exit code (2 user error, 3 non-finite training, 75 preempted, 130
+interrupted; see docs/failures.md). `python -m titanlite.train` and `titanlite-train` run it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from titanlite import config as config_lib
+from titanlite import distributed, preflight
+from titanlite.logging import init_logger
+from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteTraining
+from titanlite.preemption import (
+    INTERRUPTED_EXIT_CODE,
+    StopRequest,
+    exit_code_for,
+    requeue_slurm_job,
+)
+from titanlite.train import Trainer
+
+
+def main(argv: list[str]) -> int:
+    launch_start = time.perf_counter()
+    init_logger()
+    # First: a preemption notice during start-up must not kill the process (the default action
+    # of SIGUSR1); it is honoured after the first step.
+    stop = StopRequest()
+    try:
+        return _run(argv, stop, launch_start)
+    except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one during training
+        print(
+            "titanlite: interrupted: stopped at once; training since the latest checkpoint is "
+            "not saved",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT_CODE
+
+
+def _fail(error: BaseException, code: int) -> int:
+    print(f"titanlite: error: {error}", file=sys.stderr)
+    return code
+
+
+def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
+    try:
+        job, pre = preflight.run(argv, distributed.launched_world_size())
+    except preflight.user_errors() as e:
+        return _fail(e, 2)
+    if job.job.print_config or job.job.print_args:
+        if os.environ.get("RANK", "0") == "0":
+            print(config_lib.to_toml(job))
+    try:
+        trainer = Trainer(job, pre, launch_start)
+    except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
+        return _fail(e, 2)
+    interrupted = False
+    failure: tuple[BaseException, int] | None = None
+    try:
+        if job.checkpoint.create_seed_checkpoint:
+            trainer.save_seed_checkpoint()
+        else:
+            trainer.train(stop)
+    except KeyboardInterrupt:
+        interrupted = True  # at once: no waiting for background saves or for peers
+        raise
+    except NonFiniteTraining as e:
+        failure = (e, NONFINITE_EXIT_CODE)
+    except preflight.user_errors() as e:  # e.g. a save that failed (disk full) under "stop"
+        failure = (e, 2)
+    finally:
+        if not interrupted:
+            trainer.close()  # background saves of good steps complete first
+    if failure is not None:  # printed last, after anything close() logs
+        return _fail(*failure)
+    if trainer.preempted:
+        # After close(): the checkpoint is complete on every rank before SLURM (which a
+        # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
+        if trainer.preempted != signal.SIGINT and job.job.requeue_on_preemption:
+            if os.environ.get("RANK", "0") == "0":
+                requeue_slurm_job()
+        print(f"titanlite: {trainer.stop_message}", file=sys.stderr)
+    return exit_code_for(trainer.preempted) if trainer.preempted else 0
+
+
+def cli() -> None:
+    sys.exit(main(sys.argv[1:]))
