@@ -20,6 +20,7 @@ DCP reader, as for every DCP load.)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -135,6 +136,13 @@ def _read_tensor(f: BinaryIO, e: _Entry) -> torch.Tensor:
     if f.readinto(memoryview(buf.numpy())) != e.end - e.start:  # type: ignore[attr-defined,arg-type]
         raise CheckpointError(f"{e.file}: truncated")
     return buf.view(e.dtype).reshape(e.shape)
+
+
+def read_rows(f: BinaryIO, e: _Entry, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a tensor's first dimension: one contiguous byte range."""
+    row = _nbytes(e.shape[1:], e.dtype)
+    part = _Entry(e.file, e.dtype, (stop - start, *e.shape[1:]), e.start + start * row, 0)
+    return _read_tensor(f, dataclasses.replace(part, end=part.start + (stop - start) * row))
 
 
 class _SafetensorsWriter:
@@ -518,6 +526,39 @@ def read_hf_config(src: Path) -> tuple[dict[str, Any], LlamaArgs]:
         raise CheckpointError(f"{src}/{e}") from None
 
 
+_SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "kv_heads", "vocab_size", "ffn_hidden_dim")
+
+
+class HFFolder:
+    """A Hugging Face Llama folder, checked: its config describes a titanlite Llama (the
+    configured model `expect`, when given, field by field) and its safetensors hold exactly that
+    model's tensors at their shapes. Only headers are read here."""
+
+    def __init__(self, src: Path, expect: LlamaArgs | None = None):
+        self.src = src
+        self.config, self.args = read_hf_config(src)
+        if expect is not None:
+            differ = [
+                f"{f} {getattr(self.args, f)} (config.json) vs {getattr(expect, f)} (configured)"
+                for f in _SHAPE_FIELDS
+                if getattr(self.args, f) != getattr(expect, f)
+            ]
+            if differ:
+                raise CheckpointError(
+                    f"{src} holds another model than the configured one: {'; '.join(differ)}"
+                )
+        self.tied = bool(self.config.get("tie_word_embeddings", False))
+        self.tensors = _hf_tensors(src)
+        self.shapes = hf.state_dict_shapes(self.args)
+        have = {n: e.shape for n, e in self.tensors.items() if not hf.HF_IGNORED.match(n)}
+        want = {self.source(k): s for k, s in self.shapes.items()}
+        _check_tensors(have, want, str(src), self.args)
+
+    def source(self, key: str) -> str:
+        """The HF tensor that titanlite parameter `key` is read from."""
+        return hf.hf_source_name(key, self.tied)
+
+
 def hf_to_dcp(
     src: Path, dst: Path, *, dtype: torch.dtype | None = None, report: Report | None = None
 ) -> None:
@@ -526,13 +567,9 @@ def hf_to_dcp(
     `dtype` defaults to each tensor's own."""
     if dst.exists():
         raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
-    cfg, args = read_hf_config(src)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    tensors = _hf_tensors(src)
-    shapes = hf.state_dict_shapes(args)
-    source = {k: hf.hf_source_name(k, tied) for k in shapes}
-    have = {n: e.shape for n, e in tensors.items() if not hf.HF_IGNORED.match(n)}
-    _check_tensors(have, {source[k]: s for k, s in shapes.items()}, str(src), args)
+    folder = HFFolder(src)
+    args, tensors, shapes = folder.args, folder.tensors, folder.shapes
+    source = {k: folder.source(k) for k in shapes}
 
     out_dtype = {k: dtype or tensors[source[k]].dtype for k in shapes}
     placeholders = {k: torch.empty((), dtype=out_dtype[k]).expand(s) for k, s in shapes.items()}
