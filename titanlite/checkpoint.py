@@ -172,10 +172,12 @@ class CheckpointManager:
         config_hash: str,
         total_steps: int,
         model_config: dict[str, Any] | None = None,
+        model_args: Any = None,
     ):
         self.cfg, self.total_steps, self.config_hash = cfg, total_steps, config_hash
         # What the manifest records about the model (model_config_record).
         self.model_config = model_config
+        self.model_args = model_args  # what an initial load from Hugging Face must match
         self.folder = Path(dump_folder) / cfg.folder
         self.model = model
         self.states: dict[str, Any] = {
@@ -230,6 +232,11 @@ class CheckpointManager:
             step = self.cfg.load_step
         elif steps:
             step = steps[-1]
+        elif self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
+            from titanlite.hf_training import load_hf_weights
+
+            load_hf_weights(self.model, Path(self.cfg.initial_load_path), self.model_args)
+            return True
         elif self.cfg.initial_load_path:
             self._load(
                 Path(self.cfg.initial_load_path),
@@ -473,6 +480,15 @@ class CheckpointManager:
         if self.cfg.on_save_error == "stop":
             raise error
         logger.warning(f"{error}; training continues (checkpoint.on_save_error = continue)")
+
+    def export_hf(self, step: int) -> Path:
+        """checkpoint.last_save_in_hf: the saved `step` as a Hugging Face folder."""
+        from titanlite.hf_training import export_hf
+
+        self.wait()
+        dst = self.folder / f"hf-step-{step}"
+        export_hf(step_dir(self.folder, step), dst, EXPORT_DTYPES[self.cfg.export_dtype], self.pg)
+        return dst
 
     def close(self) -> None:
         self.wait()

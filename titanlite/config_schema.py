@@ -238,6 +238,14 @@ class Checkpoint:
     exclude_from_loading: list[str] = opt([], "state keys not restored on resume")
     initial_load_path: str | None = opt(None, "checkpoint to start from when the folder has none")
     initial_load_model_weights_only: bool = opt(True, "start from model weights only")
+    initial_load_in_hf: bool = opt(
+        False, "initial_load_path is a Hugging Face Llama folder (safetensors + config.json)"
+    )
+    last_save_in_hf: bool = opt(
+        False,
+        "also export the final checkpoint as a Hugging Face folder (<folder>/hf-step-N, in "
+        "export_dtype)",
+    )
     enable_first_step_checkpoint: bool = opt(False, "also save after step 1")
     overwrite: bool = opt(False, "allow replacing an existing step-N written by another run")
     apply_new_optimizer_settings: bool = opt(

@@ -351,8 +351,14 @@ def check_checkpoint(job: JobConfig, args) -> None:
     from titanlite.checkpoint_storage import CheckpointError, read_manifest, read_metadata, verify
     from titanlite.families import get_family
 
+    check_hf_options(job)
     path = checkpoint_to_load(job)
     if path is None:
+        return
+    if job.checkpoint.initial_load_in_hf and path == Path(job.checkpoint.initial_load_path or ""):
+        from titanlite.hf_checkpoint import HFFolder
+
+        HFFolder(path, args)  # its config and every tensor's shape against the configured model
         return
     problems = verify(path, checksums=False)
     if problems:
@@ -376,6 +382,31 @@ def check_checkpoint(job: JobConfig, args) -> None:
                 f"(as configured: {job.model.name} {job.model.flavor}) has "
                 f"{tuple(value.shape)}; point checkpoint.folder elsewhere or configure that model"
             )
+
+
+def check_hf_options(job: JobConfig) -> None:
+    c = job.checkpoint
+    if not (c.initial_load_in_hf or c.last_save_in_hf):
+        return
+    from titanlite.hf_checkpoint import MODEL_NAME
+
+    if job.model.name != MODEL_NAME:
+        raise ConfigError(
+            f"[checkpoint] Hugging Face loading and export map {MODEL_NAME} models only, not "
+            f"{job.model.name}"
+        )
+    if c.initial_load_in_hf and not c.initial_load_path:
+        raise ConfigError(
+            "[checkpoint] initial_load_in_hf needs initial_load_path (the Hugging Face folder)"
+        )
+    if c.initial_load_in_hf and not c.initial_load_model_weights_only:
+        raise ConfigError(
+            "[checkpoint] initial_load_in_hf: a Hugging Face folder holds model weights only; "
+            "set initial_load_model_weights_only"
+        )
+    for name in ("initial_load_in_hf", "last_save_in_hf"):
+        if getattr(c, name) and not c.enable_checkpoint:
+            raise ConfigError(f"[checkpoint] {name} needs enable_checkpoint")
 
 
 def user_errors() -> tuple[type[Exception], ...]:

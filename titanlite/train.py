@@ -196,6 +196,7 @@ class Trainer:
             model_config=model_config_record(
                 job.model.name, job.model.flavor, pre.model_args, pre.tokenizer_path
             ),
+            model_args=pre.model_args,
         )
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
@@ -383,6 +384,8 @@ class Trainer:
         stop.restore()
         with self.clock.span("checkpoint"):
             self.checkpointer.wait()
+            if self.job.checkpoint.last_save_in_hf and state.step == self.job.training.steps:
+                self.checkpointer.export_hf(state.step)
         if not self.preempted:
             logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
         self.metrics.log_goodput(state.step)

@@ -1,0 +1,117 @@
+"""Hugging Face weights in and out of a training run: `checkpoint.initial_load_in_hf` starts
+from a Hugging Face Llama folder, `checkpoint.last_save_in_hf` exports the final weights as one.
+
+Loading is streamed per rank: each rank reads, from the safetensors files, only the rows of the
+tensors its own parameters hold (its pipeline stage's; of a sharded DTensor, the rows of its
+shard), so no rank reads or holds the whole model. Exporting folds into the offline converter:
+the final DCP checkpoint is read back one tensor at a time by rank 0 (`dcp_to_hf`), which works
+whichever ranks hold which parameters (pipeline stages included) and gives the converter's
+files exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from models.llama import hf_mapping as hf
+from models.llama.args import LlamaArgs
+from titanlite.checkpoint_storage import CheckpointError
+from titanlite.hf_checkpoint import HFFolder, dcp_to_hf, read_rows
+from titanlite.logging import logger
+
+
+def _local_slice(
+    f: BinaryIO, folder: HFFolder, key: str, shape: tuple[int, ...], offset: tuple[int, ...]
+) -> torch.Tensor:
+    """The block `shape` at `offset` of titanlite parameter `key`, from the HF file. The q/k
+    permutation moves rows within a head only, so whole heads around the block are read."""
+    entry = folder.tensors[folder.source(key)]
+    first, stop = offset[0], offset[0] + shape[0]
+    span = (
+        folder.args.head_dim if key.endswith(("attention.wq.weight", "attention.wk.weight")) else 1
+    )
+    lo, hi = first // span * span, -(-stop // span) * span
+    rows = read_rows(f, entry, lo, hi)
+    if span > 1:
+        rows = hf.permute_from_hf(rows, (hi - lo) // span)
+    block = rows[first - lo : stop - lo]
+    for dim in range(1, len(shape)):
+        block = block.narrow(dim, offset[dim], shape[dim])
+    return block
+
+
+def load_hf_weights(model: nn.Module, src: Path, expect: LlamaArgs) -> None:
+    """Set the model's parameters (this rank's share) from Hugging Face folder `src`."""
+    start = time.perf_counter()
+    folder = HFFolder(src, expect)
+    # Parameters only: a model's state dict holds no other values.
+    current: dict[str, torch.Tensor] = get_model_state_dict(model)  # type: ignore[assignment]
+    files: dict[Path, BinaryIO] = {}
+    loaded: dict[str, Any] = {}
+    try:
+        for key, value in current.items():
+            entry = folder.tensors[folder.source(key)]
+            if entry.file not in files:
+                files[entry.file] = entry.file.open("rb")
+            if isinstance(value, DTensor):
+                shape, offset = compute_local_shape_and_global_offset(
+                    value.shape, value.device_mesh, value.placements
+                )
+            else:
+                shape, offset = tuple(value.shape), (0,) * value.dim()
+            local = _local_slice(files[entry.file], folder, key, tuple(shape), tuple(offset))
+            local = local.to(device=value.device, dtype=value.dtype)
+            if isinstance(value, DTensor):
+                local = DTensor.from_local(
+                    local,
+                    value.device_mesh,
+                    value.placements,
+                    run_check=False,
+                    shape=value.shape,
+                    stride=value.stride(),
+                )
+            loaded[key] = local
+    finally:
+        for f in files.values():
+            f.close()
+    set_model_state_dict(model, loaded, options=StateDictOptions(strict=True))
+    logger.info(
+        f"loaded model from Hugging Face folder {src} in {time.perf_counter() - start:.1f}s"
+    )
+
+
+def export_hf(
+    step_folder: Path, dst: Path, dtype: torch.dtype, pg: dist.ProcessGroup | None
+) -> None:
+    """Rank 0 writes the model of the complete checkpoint `step_folder` as Hugging Face folder
+    `dst`; every rank learns the outcome (a failure raises CheckpointError on all of them)."""
+    error = ""
+    if dist.get_rank() == 0:
+        start = time.perf_counter()
+
+        def note(line: str) -> None:
+            if line.startswith("note:"):  # not the per-tensor progress
+                logger.warning(line.removeprefix("note: "))
+
+        try:
+            dcp_to_hf(step_folder, dst, dtype=dtype, report=note)
+            logger.info(f"wrote Hugging Face folder {dst} in {time.perf_counter() - start:.1f}s")
+        except (CheckpointError, OSError) as e:
+            error = f"the Hugging Face export {dst} failed: {e}"
+    outcome = [error]
+    dist.broadcast_object_list(outcome, src=0, group=pg)
+    if outcome[0]:
+        raise CheckpointError(outcome[0])
