@@ -1,0 +1,78 @@
+"""Hugging Face weights in and out of real training runs (torchrun, gloo):
+`checkpoint.initial_load_in_hf` starts FSDP 2 x TP 2 where one process starts, and
+`checkpoint.last_save_in_hf` exports what the offline converter writes, byte for byte."""
+
+import filecmp
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, check, clean_env, make_hf_llama
+from test_checkpoint import losses, train
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+STEPS = 3
+LAYOUTS = {
+    "one": (1, ["--training.local_batch_size", "8"]),
+    "fsdp2_tp2": (
+        4,
+        ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"],
+    ),
+}
+
+
+@pytest.mark.slow
+def test_hf_start_matches_across_layouts_and_final_export_is_the_converters(tmp_path):
+    src = make_hf_llama(tmp_path / "hf", n_kv_heads=4)
+    hf_args = [
+        "--model.n_kv_heads",
+        "4",
+        "--training.steps",
+        str(STEPS),
+        "--checkpoint.initial_load_path",
+        str(src),
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.last_save_in_hf",
+    ]
+    got = {}
+    for name, (nproc, args) in LAYOUTS.items():
+        proc = train(tmp_path / name, nproc, *args, *hf_args)
+        assert "loaded model from Hugging Face folder" in proc.stderr
+        got[name] = losses(tmp_path / name)
+    assert sorted(got["one"]) == list(range(1, STEPS + 1))
+    for step, loss in got["one"].items():
+        assert abs(got["fsdp2_tp2"][step] - loss) <= 1e-4, (step, got)
+
+    ckpt = tmp_path / "fsdp2_tp2" / "checkpoint"
+    exported, converted = ckpt / f"hf-step-{STEPS}", tmp_path / "converted"
+    args = ["dcp-to-hf", str(ckpt / f"step-{STEPS}"), str(converted)]
+    check(
+        subprocess.run(
+            [sys.executable, "scripts/convert_checkpoint.py", *args],
+            cwd=ROOT,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    )
+    names = sorted(p.name for p in converted.iterdir())
+    assert names == sorted(p.name for p in exported.iterdir())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names)
+    for n in names:
+        assert filecmp.cmp(converted / n, exported / n, shallow=False), n
+    ours = safetensors_torch.load_file(exported / "model.safetensors")
+    theirs = safetensors_torch.load_file(converted / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert json.loads((exported / "config.json").read_text()) == json.loads(
+        (converted / "config.json").read_text()
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    assert torch.equal(model.lm_head.weight.detach(), ours["lm_head.weight"])
+    # Trained: the export is not the folder the run started from.
+    start = safetensors_torch.load_file(src / "model.safetensors")
+    assert not torch.equal(start["lm_head.weight"], ours["lm_head.weight"])

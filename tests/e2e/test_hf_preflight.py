@@ -1,0 +1,36 @@
+"""Hugging Face start options that cannot work stop in preflight through ./run_train.sh: one
+line, exit 2, before torchrun."""
+
+import pytest
+from helpers import make_hf_llama
+from test_failures import expect, in_pairs
+
+pytest.importorskip("transformers")
+
+
+def test_hf_initial_load_mistakes_stop_in_preflight(tmp_path):
+    hf = make_hf_llama(tmp_path / "hf")
+    (tmp_path / "not_hf").mkdir()
+
+    def args(name: str, *extra: str) -> tuple:
+        dump = [
+            "--job.dump_folder",
+            str(tmp_path / f"run_{name}"),
+            "--checkpoint.enable_checkpoint",
+        ]
+        return ([*dump, "--checkpoint.initial_load_in_hf", *extra], {})
+
+    got = in_pairs(
+        {
+            "not_hf": args("not_hf", "--checkpoint.initial_load_path", str(tmp_path / "not_hf")),
+            "other_shape": args(
+                "other_shape", "--checkpoint.initial_load_path", str(hf), "--model.dim", "128"
+            ),
+            "no_path": args("no_path"),
+        }
+    )
+    expect(got["not_hf"], 2, "titanlite: error:", "has no config.json: not a Hugging Face")
+    expect(got["other_shape"], 2, "holds another model", "dim 256 (config.json) vs 128")
+    expect(got["no_path"], 2, "initial_load_in_hf needs initial_load_path")
+    for proc in got.values():
+        assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
