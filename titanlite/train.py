@@ -384,8 +384,13 @@ class Trainer:
         stop.restore()
         with self.clock.span("checkpoint"):
             self.checkpointer.wait()
-            if self.job.checkpoint.last_save_in_hf and state.step == self.job.training.steps:
-                self.checkpointer.export_hf(state.step)
+            # Only by the launch that saved the final step: a relaunch that resumes there
+            # trains nothing and finds the export already written.
+            if (
+                self.job.checkpoint.last_save_in_hf
+                and self.last_saved_step == self.job.training.steps
+            ):
+                self.checkpointer.export_hf(self.last_saved_step)
         if not self.preempted:
             logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
         self.metrics.log_goodput(state.step)
