@@ -9,6 +9,7 @@ start-up and imports are paid once per world size. Rank 0 writes {layout: result
 from __future__ import annotations
 
 import json
+import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -132,7 +133,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
 def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels):
     """Forward and backward through the stages and schedule the trainer builds; returns this
     rank's stages as one module (their parameters under the whole model's names)."""
-    from parallelisms import parallelize_llama
+    from parallelisms import loss_context, parallelize_llama
     from parallelisms.pipeline import (
         ModelParts,
         PipelineOptions,
@@ -163,7 +164,8 @@ def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels):
         parts, ids, stages, meshes.pp, torch.device("cpu"), len(inputs), loss_fn, pipe
     )
     args = (inputs,) if 0 in ids else ()
-    runner.step(*args, tokens=inputs, target=labels, losses=[], return_outputs=False)
+    with loss_context(opts.loss_parallel):  # as the trainer: vocab-sharded logits under TP
+        runner.step(*args, tokens=inputs, target=labels, losses=[], return_outputs=False)
     return ModelParts(parts)
 
 
@@ -205,6 +207,9 @@ def run(rank: int, world: int, layouts: dict[str, dict], out: str) -> None:
             result = compare(layout_grads(layout), refs[key])
         except Exception:
             result = {"error": traceback.format_exc()[-3000:]}
+            # Said at once: under pipeline parallel its peers may then wait in a P2P exchange
+            # until the test times out, and only rank 0 writes the results.
+            print(f"rank {rank}, layout {name}:\n{result['error']}", file=sys.stderr, flush=True)
         if layout.opts.get("compile"):
             # The compiled layouts must really have run compiled graphs.
             result["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
