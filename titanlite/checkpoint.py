@@ -210,6 +210,7 @@ class CheckpointManager:
             else None
         )
         self.pending: Future | None = None
+        self._purges: list[threading.Thread] = []  # retention deletions still running
         self._staging_buffers: dict[Any, Any] = {}
         self._staging_shapes: dict[tuple, Any] | None = None
         self.resumed_from: int | None = None
@@ -459,10 +460,12 @@ class CheckpointManager:
             for s in old:
                 shutil.rmtree(step_dir(self.folder, s), ignore_errors=True)
 
-        threading.Thread(
-            target=remove_old,
-            daemon=True,
-        ).start()
+        # Not a daemon: close() joins it, so no thread is still deleting files while the process
+        # exits (a run once aborted at exit with "terminate called without an active
+        # exception" right after its last background deletion began).
+        thread = threading.Thread(target=remove_old, name="ckpt-retention")
+        thread.start()
+        self._purges = [t for t in self._purges if t.is_alive()] + [thread]
 
     def wait(self) -> None:
         """Wait for a background save; its failure is handled here (see save_failed)."""
@@ -492,6 +495,8 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        for thread in self._purges:
+            thread.join()
         if self.executor is not None:
             self.executor.shutdown()
         if self.stager is not None:
