@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from parallelisms.context_parallel import SequenceShards
 from parallelisms.float8 import Float8Options
 
 
@@ -22,3 +23,6 @@ class ParallelizeOptions:
     reshard_after_forward: str = "default"
     cpu_offload: bool = False
     float8: Float8Options | None = None
+    # Context parallel: the cutter the trainer shards batches with and the blocks read positions
+    # from (None without cp).
+    sequence_shards: SequenceShards | None = None

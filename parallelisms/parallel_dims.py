@@ -1,10 +1,16 @@
 """The parallel layout: degrees, their validation, and the DeviceMesh built from them.
 
-Mesh dims, outermost first: pp, dp_replicate, dp_shard, tp. Tensor parallel is innermost so that
-its frequent collectives stay on the fast intra-node links; pipeline parallel is outermost because
-it only sends activations between neighbouring stages, which tolerates the slowest links. Only
-dims of degree > 1 are created. Flattened submeshes: `dp` (replicate x shard) for data loading
-and loss averaging.
+Mesh dims, outermost first: pp, dp_replicate, dp_shard, cp, tp. Tensor parallel is innermost so
+that its frequent collectives stay on the fast intra-node links; context parallel next to it (it
+all-gathers keys and values every block); pipeline parallel is outermost because it only sends
+activations between neighbouring stages, which tolerates the slowest links. Only dims of degree
+> 1 are created.
+
+Flattened submeshes: `dp` (replicate x shard): the ranks that read different sequences (data
+loading); `dp_cp` (replicate x shard x cp): the ranks that hold different tokens (the loss and its
+token count are summed over it); `dp_shard_cp` (shard x cp): FSDP's shard dim. Context-parallel
+ranks hold the same parameters, so FSDP shards over them too and averages their gradients, as
+TorchTitan does.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class Meshes:
     ddp: DeviceMesh | None  # pure replication
     tp: DeviceMesh | None
     pp: DeviceMesh | None = None
+    cp: DeviceMesh | None = None
+    dp_cp: DeviceMesh | None = None  # flattened replicate x shard x cp: loss and token sums
 
     def get(self, name: str) -> DeviceMesh:
         """The submesh `name`, for a parallelism its layout has enabled."""
@@ -37,8 +45,9 @@ class Meshes:
     def groups(self) -> list[dist.ProcessGroup]:
         """Every process group of this rank's meshes (one per world dim, and the flattened dp)."""
         found = [self.world.get_group(i) for i in range(self.world.ndim)]
-        if self.dp is not None:
-            found.append(self.dp.get_group())
+        found += [m.get_group() for m in (self.dp, self.dp_cp) if m is not None]
+        if self.fsdp is not None:
+            found += [self.fsdp.get_group(i) for i in range(self.fsdp.ndim)]
         return list({id(g): g for g in found}.values())
 
 
@@ -53,54 +62,69 @@ class ParallelDims:
     tp: int
     world_size: int
     pp: int = 1
+    cp: int = 1
 
     @classmethod
     def resolve(
-        cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int, pp: int = 1
+        cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int, pp: int = 1, cp: int = 1
     ) -> ParallelDims:
         """Fill in dp_shard = -1 from the world size and check that the degrees multiply to it."""
         for name, value in (
             ("data_parallel_replicate_degree", dp_replicate),
             ("tensor_parallel_degree", tp),
             ("pipeline_parallel_degree", pp),
+            ("context_parallel_degree", cp),
         ):
             if value < 1:
                 raise LayoutError(f"parallelism.{name} = {value}: must be >= 1")
         others = f"data_parallel_replicate_degree ({dp_replicate}) x tensor_parallel_degree ({tp})"
+        if cp > 1:
+            others = f"context_parallel_degree ({cp}) x " + others
         if pp > 1:
             others = f"pipeline_parallel_degree ({pp}) x " + others
+        rest = pp * dp_replicate * tp * cp
         if dp_shard == -1:
-            if world_size % (pp * dp_replicate * tp):
+            if world_size % rest:
                 raise LayoutError(
                     f"world size {world_size} is not divisible by {others}; change the degrees "
                     "or the number of processes (NGPU)"
                 )
-            dp_shard = world_size // (pp * dp_replicate * tp)
+            dp_shard = world_size // rest
         if dp_shard < 1:
             raise LayoutError(
                 f"parallelism.data_parallel_shard_degree = {dp_shard}: must be -1 or >= 1"
             )
-        if pp * dp_replicate * dp_shard * tp != world_size:
+        if rest * dp_shard != world_size:
             raise LayoutError(
                 f"{others} x data_parallel_shard_degree ({dp_shard}) = "
-                f"{pp * dp_replicate * dp_shard * tp}, but the world size is {world_size}; make "
+                f"{rest * dp_shard}, but the world size is {world_size}; make "
                 "the product equal the number of processes (or set data_parallel_shard_degree "
                 "= -1)"
             )
-        return cls(dp_replicate, dp_shard, tp, world_size, pp)
+        return cls(dp_replicate, dp_shard, tp, world_size, pp, cp)
 
     @property
     def dp_size(self) -> int:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def loss_ranks(self) -> int:
+        """Ranks that hold different tokens of a step: data-parallel x context-parallel."""
+        return self.dp_size * self.cp
+
+    @property
     def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1
+        """FSDP shards over dp_shard x cp: context-parallel ranks hold the same parameters."""
+        return self.dp_shard * self.cp > 1
 
     @property
     def ddp_enabled(self) -> bool:
         """Pure replication: replicas but no sharding (DDP, as TorchTitan does)."""
-        return self.dp_replicate > 1 and self.dp_shard == 1
+        return self.dp_replicate > 1 and self.dp_shard * self.cp == 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
 
     @property
     def tp_enabled(self) -> bool:
@@ -117,6 +141,7 @@ class ParallelDims:
                 (self.pp, "pp"),
                 (self.dp_replicate, "dp_replicate"),
                 (self.dp_shard, "dp_shard"),
+                (self.cp, "cp"),
                 (self.tp, "tp"),
             )
             if d > 1
@@ -133,9 +158,24 @@ class ParallelDims:
         dp_names = tuple(n for n in names if n.startswith("dp_"))
         # The flattened mesh is kept here: slicing it back out of the root mesh is deprecated.
         dp = world[dp_names]._flatten("dp") if self.dp_size > 1 else None
+        dp_cp = dp
+        if self.cp_enabled:
+            dp_cp = world[(*dp_names, "cp")]._flatten("dp_cp") if dp is not None else world["cp"]
         fsdp = None
         if self.fsdp_enabled:
-            fsdp = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
+            shard_names = tuple(n for n in ("dp_shard", "cp") if n in names)
+            shard = (
+                world[shard_names]._flatten("dp_shard_cp")
+                if len(shard_names) > 1
+                else world[shard_names[0]]
+            )
+            # HSDP: (replicate, shard); concatenated rather than sliced back out of the root
+            # mesh, which torch deprecates for flattened dims.
+            fsdp = (
+                DeviceMesh._concatenate([world["dp_replicate"], shard])
+                if self.dp_replicate > 1
+                else shard
+            )
         meshes = Meshes(
             world=world,
             dp=dp,
@@ -143,6 +183,8 @@ class ParallelDims:
             ddp=world["dp_replicate"] if self.ddp_enabled else None,
             tp=world["tp"] if self.tp_enabled else None,
             pp=world["pp"] if self.pp_enabled else None,
+            cp=world["cp"] if self.cp_enabled else None,
+            dp_cp=dp_cp,
         )
         # torch gives every group it creates for a mesh the backend's default timeout (30 min
         # on gloo, 10 on NCCL), not the default group's: a hung FSDP or TP collective would

@@ -12,6 +12,7 @@ run, so that the dry run plans exactly what training builds:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -22,6 +23,7 @@ from torch import nn
 
 from models import TrainableModel
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions
+from parallelisms.context_parallel import SequenceShards
 from parallelisms.float8 import ConversionPlan, Float8Options, register_scale_precompute
 from parallelisms.pipeline import (
     ModelParts,
@@ -113,6 +115,24 @@ def ignore_boundary_targets(labels: torch.Tensor, bos_id: int) -> torch.Tensor:
     return labels.masked_fill(labels == bos_id, IGNORE_INDEX)
 
 
+LocalBatch = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
+
+
+def local_batch(
+    shards: SequenceShards | None, inputs: torch.Tensor, labels: torch.Tensor
+) -> LocalBatch:
+    """(model input, the window for the model's `tokens=`, labels) of this rank: under context
+    parallel its part of each sequence, with the whole window for the mask and positions."""
+    if shards is None:
+        return inputs, None, labels
+    return shards.shard(inputs), inputs, shards.shard(labels)
+
+
+def model_kwargs(tokens: torch.Tensor | None) -> dict:
+    """The model's `tokens=` when its input is a part of the window (context parallel)."""
+    return {} if tokens is None else {"tokens": tokens}
+
+
 def build_loss_fn(job: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     return torch.compile(cross_entropy_sum) if job.training.compile else cross_entropy_sum
 
@@ -135,6 +155,10 @@ class BuiltModel:
     def loss_parallel(self) -> bool:
         return self.options.loss_parallel
 
+    @property
+    def sequence_shards(self) -> SequenceShards | None:
+        return self.options.sequence_shards
+
 
 def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str) -> BuiltModel:
     """The model of `job` on the meta device, parallelized for `pre.dims` over `meshes`."""
@@ -142,6 +166,9 @@ def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str
     with torch.device("meta"):
         model = family.model.model_cls(pre.model_args)
     options = parallelize_options(job, pre.dims, device_type)
+    if pre.dims.cp_enabled:
+        shards = SequenceShards(meshes.get("cp"), job.parallelism.context_parallel_load_balancer)
+        options = dataclasses.replace(options, sequence_shards=shards)
     if not pre.dims.pp_enabled:
         float8_plan = family.parallelize(model, pre.dims, meshes, options)
         return BuiltModel(model, family, options, float8_plan, [model], [0])

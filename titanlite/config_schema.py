@@ -210,9 +210,21 @@ class Parallelism:
     pipeline_parallel_split_points: list[str] = opt(
         [], "pipeline stage boundaries (use pipeline_parallel_layers_per_stage)", unsupported=True
     )
-    context_parallel_degree: int = opt(1, "context-parallel ranks", unsupported=True)
+    context_parallel_degree: int = opt(
+        1,
+        "context-parallel ranks: each holds a part of every sequence (between dp_shard and tp)",
+        min=1,
+    )
+    context_parallel_load_balancer: str = opt(
+        "headtail",
+        "how the sequence is cut over the cp ranks: headtail (rank i holds chunks i and "
+        "2cp-1-i of 2cp, even causal work) or none (contiguous)",
+        choices=["headtail", "none"],
+    )
     context_parallel_rotate_method: str = opt(
-        "allgather", "context-parallel KV exchange", unsupported=True
+        "allgather",
+        "how cp ranks exchange keys and values: allgather (alltoall is not built)",
+        choices=["allgather", "alltoall"],
     )
     expert_parallel_degree: int = opt(1, "expert-parallel ranks (MoE)", unsupported=True)
 

@@ -50,31 +50,44 @@ class PipelineStep:
             opts,
         )
 
-    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+    def __call__(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        scale: float,
+        tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Forward and backward of one accumulation micro-batch; this rank's loss (non-zero on
-        the last stage only)."""
+        the last stage only). `tokens`: the whole window when `inputs` is a part of it (context
+        parallel)."""
         self.scale = scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first else ()
-        self.schedule.step(*args, tokens=inputs, target=labels, losses=losses, return_outputs=False)
-        total = torch.zeros((), device=self.device)
-        for loss in losses:
-            total += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
-        return total
+        tokens = inputs if tokens is None else tokens
+        self.schedule.step(*args, tokens=tokens, target=labels, losses=losses, return_outputs=False)
+        return _sum(losses, self.device).detach()
 
-    def evaluate(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def evaluate(
+        self, inputs: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Forward only (validation): the batch's loss sum, on every stage."""
         self.scale = 1.0
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first else ()
-        self.schedule.eval(*args, tokens=inputs, target=labels, losses=losses)
-        total = torch.zeros((), device=self.device)
-        for loss in losses:
-            total += loss.full_tensor() if isinstance(loss, DTensor) else loss
-        return self.share_loss(total)
+        tokens = inputs if tokens is None else tokens
+        self.schedule.eval(*args, tokens=tokens, target=labels, losses=losses)
+        return self.share_loss(_sum(losses, self.device))
 
     def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss, known to the last stage only, on every stage (one all-reduce over pp)."""
         loss = loss.clone()
         dist.all_reduce(loss, group=self.pp_group)
         return loss
+
+
+def _sum(losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The micro-batches' losses (vocab-sharded DTensors under loss parallel) as one number."""
+    total = torch.zeros((), device=device)
+    for loss in losses:
+        total += loss.full_tensor() if isinstance(loss, DTensor) else loss
+    return total

@@ -115,6 +115,7 @@ def check(
     live on the cluster, are not checked."""
     check_environment(job)
     from parallelisms import LayoutError, ParallelDims, check_layout
+    from parallelisms.context_parallel import check_context_parallel
     from titanlite import float8
     from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
     from titanlite.distributed import device_type
@@ -148,6 +149,18 @@ def check(
         p.tensor_parallel_degree,
         world_size,
         p.pipeline_parallel_degree,
+        p.context_parallel_degree,
+    )
+    seq_lens = {"training.seq_len": t.seq_len}
+    if job.validation.enabled and job.validation.seq_len:
+        seq_lens["validation.seq_len"] = job.validation.seq_len
+    check_context_parallel(
+        dims.cp,
+        dims.tp,
+        seq_lens,
+        p.context_parallel_load_balancer,
+        p.context_parallel_rotate_method,
+        job.model.attn_type,
     )
     if dims.pp_enabled:
         check_pipeline_job(job, dims, args.n_layers)

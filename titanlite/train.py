@@ -137,6 +137,7 @@ class Trainer:
         if job.model.print_after_conversion and self.rank == 0:
             logger.info(f"model after parallelization:\n{self.model}")
         self.loss_parallel = built.loss_parallel
+        self.sequence_shards = built.sequence_shards
         self.loss_fn = build.build_loss_fn(job)
         self.pipeline = None
         if self.dims.pp_enabled:
@@ -177,6 +178,7 @@ class Trainer:
                 self.global_sum,
                 self.boundary_bos_id,
                 forward_loss=self.pipeline.evaluate if self.pipeline is not None else None,
+                sequence_shards=self.sequence_shards,
             )
 
     def _build_checkpoint_and_metrics(self) -> None:
@@ -289,24 +291,26 @@ class Trainer:
         LR used); the shares' mean over data-parallel ranks is the step's loss."""
         self.optimizer.zero_grad(set_to_none=True)
         n = len(microbatches)
+        batches = [build.local_batch(self.sequence_shards, x, y) for x, y in microbatches]
         # Every counted target of the global batch weighs 1 / (their global number). Gradients
-        # are averaged over data-parallel ranks (FSDP, DDP), hence the factor dp_size.
-        counted = sum((labels != build.IGNORE_INDEX).sum() for _, labels in microbatches)
+        # are averaged over the ranks holding different tokens (FSDP over dp_shard x cp, DDP),
+        # hence the factor loss_ranks.
+        counted = sum((labels != build.IGNORE_INDEX).sum() for *_, labels in batches)
         global_counted = max(int(self.global_sum(torch.as_tensor(counted))), 1)
-        scale = self.dims.dp_size / global_counted
+        scale = self.dims.loss_ranks / global_counted
         sync_each = self.job.parallelism.fsdp_sync_grads_each_microbatch
         loss_sum = torch.zeros((), device=self.device)
-        for i, (inputs, labels) in enumerate(microbatches):
+        for i, (inputs, tokens, labels) in enumerate(batches):
             if self.pipeline is not None:
                 with loss_context(self.loss_parallel), self.amp:
-                    loss_sum += self.pipeline(inputs, labels, scale)
+                    loss_sum += self.pipeline(inputs, labels, scale, tokens)
                 continue
             if self.dims.fsdp_enabled and not sync_each:
                 # One reduce-scatter per step instead of one per micro-batch, for more memory.
                 cast(FSDPModule, self.model).set_requires_gradient_sync(i == n - 1)
             with loss_context(self.loss_parallel):
                 with self.amp:
-                    logits = self.model(inputs)
+                    logits = self.model(inputs, **build.model_kwargs(tokens))
                     loss = self.loss_fn(logits, labels) * scale
                 loss.backward()
             loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
@@ -324,15 +328,16 @@ class Trainer:
         return loss_sum, grad_norm, lr
 
     def global_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum over data-parallel ranks (a copy; the value itself is left alone)."""
+        """Sum over the ranks holding different tokens, data- and context-parallel (a copy; the
+        value itself is left alone)."""
         value = value.clone()
-        if self.dp_mesh is not None:
-            dist.all_reduce(value, group=self.dp_mesh.get_group())
+        if self.meshes.dp_cp is not None:
+            dist.all_reduce(value, group=self.meshes.dp_cp.get_group())
         return value
 
     def global_mean(self, value: torch.Tensor) -> float:
-        """Mean over data-parallel ranks (gloo has no AVG: sum, then divide)."""
-        return (self.global_sum(value) / self.dims.dp_size).item()
+        """Mean over those ranks (gloo has no AVG: sum, then divide)."""
+        return (self.global_sum(value) / self.dims.loss_ranks).item()
 
     def validate(self, step: int) -> float | None:
         """The validation loss when it is due at `step` (its time is kept out of tps)."""

@@ -19,7 +19,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from parallelisms import loss_context
-from titanlite.build import IGNORE_INDEX, ignore_boundary_targets
+from parallelisms.context_parallel import SequenceShards
+from titanlite.build import IGNORE_INDEX, ignore_boundary_targets, local_batch, model_kwargs
 from titanlite.config_schema import Validation
 from titanlite.data import DatasetError, DataSource, ShardSet, Tokenizer
 from titanlite.data.rank_split import RankSplit
@@ -88,19 +89,24 @@ class Validator:
         amp: contextlib.AbstractContextManager,
         global_sum: Callable[[torch.Tensor], torch.Tensor],
         boundary_bos_id: int | None = None,
-        forward_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        forward_loss: Callable[..., torch.Tensor] | None = None,
+        sequence_shards: SequenceShards | None = None,
     ):
         """`loss_fn` sums over the counted targets; `boundary_bos_id`, when given, is the BOS
-        whose targets are not counted (block_causal). `forward_loss(inputs, labels)`, when
-        given, replaces `loss_fn(model(inputs), labels)` (pipeline parallel: the schedule runs
-        the forward, and every stage gets the loss sum)."""
+        whose targets are not counted (block_causal). `forward_loss(inputs, labels, tokens)`,
+        when given, replaces `loss_fn(model(inputs, tokens=tokens), labels)` (pipeline
+        parallel: the schedule runs the forward, and every stage gets the loss sum).
+        `sequence_shards` cuts each batch to this rank's part under context parallel."""
+        self.sequence_shards = sequence_shards
         self.cfg, self.data, self.model, self.loss_fn = cfg, data, model, loss_fn
         self.device, self.loss_parallel, self.amp = device, loss_parallel, amp
         self.global_sum, self.boundary_bos_id = global_sum, boundary_bos_id
         self.forward_loss = forward_loss or self._model_loss
 
-    def _model_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = self.loss_fn(self.model(inputs), labels)
+    def _model_loss(
+        self, inputs: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None
+    ) -> torch.Tensor:
+        loss = self.loss_fn(self.model(inputs, **model_kwargs(tokens)), labels)
         return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
     def due(self, step: int, total_steps: int) -> bool:
@@ -114,8 +120,9 @@ class Validator:
             if self.boundary_bos_id is not None:
                 labels = ignore_boundary_targets(labels, self.boundary_bos_id)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
+            inputs, tokens, labels = local_batch(self.sequence_shards, inputs, labels)
             with loss_context(self.loss_parallel), self.amp:
-                total[0] += self.forward_loss(inputs, labels)
+                total[0] += self.forward_loss(inputs, labels, tokens)
             total[1] += (labels != IGNORE_INDEX).sum()
         loss_sum, counted = self.global_sum(total).tolist()
         return loss_sum / max(counted, 1)

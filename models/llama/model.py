@@ -148,6 +148,23 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
+class ScaledDotProductAttention(nn.Module):
+    """The attention kernel on (batch, heads, seq, head_dim) queries, keys and values; a module of
+    its own (no parameters) so that a parallelism can swap it (context parallel gathers the keys
+    and values of the whole sequence first)."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None
+    ) -> torch.Tensor:
+        """`mask`: None (causal), a boolean tensor (SDPA) or a BlockMask (FlexAttention)."""
+        gqa = k.shape[1] != q.shape[1]  # SDPA repeats the shared key/value heads for GQA
+        if isinstance(mask, BlockMask):
+            return _flex_attention(q, k, v, mask)
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, args: LlamaArgs):
         super().__init__()
@@ -156,6 +173,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.sdpa = ScaledDotProductAttention()
 
     def forward(
         self, x: torch.Tensor, freqs: torch.Tensor, mask: AttentionMask = None
@@ -166,15 +184,8 @@ class Attention(nn.Module):
         k = self.wk(x).view(bs, seq, -1, self.head_dim)
         v = self.wv(x).view(bs, seq, -1, self.head_dim)
         q, k = apply_rope(q, k, freqs)
-        # (batch, heads, seq, head_dim); SDPA repeats the shared key/value heads for GQA.
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        gqa = k.shape[1] != q.shape[1]
-        if isinstance(mask, BlockMask):
-            out = _flex_attention(q, k, v, mask)
-        elif mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seq, head_dim)
+        out = self.sdpa(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:
@@ -274,11 +285,13 @@ class Transformer(nn.Module):
         return self.freqs_cis[document_positions(tokens, self.args.bos_id)]
 
     def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """`x`: token ids (batch, seq) -> logits. A copy that lacks some parts (a pipeline
-        stage) starts from hidden states when it has no `tok_embeddings` (then `tokens` gives
-        the ids the attention mask and positions are made from) and returns hidden states when
-        it has no `output`."""
-        if self.tok_embeddings is not None:
+        """`x`: token ids (batch, seq) -> logits. `tokens`, when given, are the ids of the whole
+        window the attention mask and positions are made from (by default `x`): a copy that
+        lacks some parts (a pipeline stage) starts from hidden states when it has no
+        `tok_embeddings`, and returns hidden states when it has no `output`; a parallelism may
+        pass a part of the window as `x` (context parallel) and adapt the mask and positions
+        to it in each block."""
+        if tokens is None and self.tok_embeddings is not None:
             tokens = x
         # Built here, once, rather than in each block: under activation checkpointing and
         # compile the blocks receive them as inputs and never rebuild them. Under tensor

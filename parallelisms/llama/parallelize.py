@@ -1,7 +1,9 @@
 """Compose the parallelisms for a Llama model, in the order they must be applied:
-float8 conversion -> tensor parallel -> activation checkpointing -> compile -> FSDP / DDP.
+float8 conversion -> tensor parallel -> context parallel -> activation checkpointing -> compile
+-> FSDP / DDP.
 
-Float8 goes first because torchao's float8 TP styles accept only Float8Linear modules, and FSDP
+Context parallel hooks each block before AC and compile wrap it, so that its position hook and
+key/value all-gather are recomputed and compiled with the block. Float8 goes first because torchao's float8 TP styles accept only Float8Linear modules, and FSDP
 must shard the float8 weight wrapper when float8 all-gather is on.
 
 Knows the model only through its public structure: `layers` (a ModuleDict of blocks),
@@ -16,6 +18,7 @@ from torch import nn
 
 from parallelisms.activation_checkpoint import apply_ac
 from parallelisms.compile import apply_compile
+from parallelisms.context_parallel import apply_cp
 from parallelisms.ddp import apply_ddp
 from parallelisms.float8 import ConversionPlan, convert_to_float8, uses_float8_tp
 from parallelisms.fsdp import apply_fsdp
@@ -50,12 +53,17 @@ def parallelize_llama(
         if opts.async_tp:
             enable_async_tp(meshes.get("tp"))
 
+    if opts.sequence_shards is not None:
+        apply_cp(list(layers.values()), opts.sequence_shards)
+
     if opts.ac_mode != "none":
         for name, block in apply_ac(dict(layers.items()), opts.ac_mode, opts.ac_option).items():
             layers.register_module(name, block)
 
     if opts.compile:
-        apply_compile(list(layers.values()), graphs_hold_collectives=dims.tp_enabled)
+        apply_compile(
+            list(layers.values()), graphs_hold_collectives=dims.tp_enabled or dims.cp_enabled
+        )
 
     if dims.fsdp_enabled:
         apply_fsdp(

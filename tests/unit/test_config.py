@@ -151,7 +151,7 @@ def test_torchtitan_toml_loads_unchanged(tmp_path):
             ["--optimizer.implementation", "fast"],
             "expected one of 'fused', 'foreach', 'for-loop'",
         ),
-        ("", ["--parallelism.context_parallel_degree", "2"], "not supported by titanlite yet"),
+        ("", ["--parallelism.expert_parallel_degree", "2"], "not supported by titanlite yet"),
         (
             "[validation]\nenabled = true\n",
             [],

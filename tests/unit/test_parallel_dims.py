@@ -52,6 +52,39 @@ def test_3d_hsdp_tp_mesh_coordinates(fake_world):
     assert dims.fsdp_enabled and not dims.ddp_enabled
 
 
+@pytest.mark.parametrize(
+    "world, rank, degrees, names, fsdp_names, fsdp_size",
+    [
+        # (dp_replicate, dp_shard, tp, pp, cp)
+        (2, 1, (1, 1, 1, 1, 2), ("cp",), ("cp",), 2),
+        (8, 5, (1, 2, 2, 1, 2), ("dp_shard", "cp", "tp"), ("dp_shard_cp",), 4),
+        (8, 5, (2, 1, 1, 2, 2), ("pp", "dp_replicate", "cp"), ("dp_replicate", "cp"), 4),
+        (16, 13, (2, 2, 2, 1, 2), ("dp_replicate", "dp_shard", "cp", "tp"), None, 8),
+    ],
+)
+def test_context_parallel_meshes(fake_world, world, rank, degrees, names, fsdp_names, fsdp_size):
+    """cp sits between dp_shard and tp; FSDP shards over dp_shard x cp (CP ranks hold the same
+    parameters); the loss mesh dp_cp spans every rank holding different tokens, while the data
+    mesh dp leaves cp out (CP ranks read the same sequences)."""
+    fake_world(world, rank=rank)
+    dp_replicate, dp_shard, tp, pp, cp = degrees
+    dims = ParallelDims.resolve(dp_replicate, -1, tp, world, pp, cp)
+    assert dims.dp_shard == dp_shard and dims.fsdp_enabled and not dims.ddp_enabled
+    meshes = dims.build_meshes("cpu")
+    assert meshes.world.mesh_dim_names == names
+    assert meshes.get("cp").size() == cp
+    assert meshes.get("dp_cp").size() == dims.loss_ranks == dp_replicate * dp_shard * cp
+    assert (meshes.dp.size() if meshes.dp else 1) == dp_replicate * dp_shard
+    assert meshes.get("fsdp").size() == fsdp_size
+    if fsdp_names is not None:
+        assert meshes.get("fsdp").mesh_dim_names == fsdp_names
+    # The flattened shard dim holds exactly this rank's dp_shard x cp peers.
+    coord = dict(zip(names, meshes.world.get_coordinate()))
+    if "dp_shard" in names:
+        shard_mesh = meshes.fsdp if meshes.fsdp.ndim == 1 else meshes.fsdp["dp_shard_cp"]
+        assert shard_mesh.get_local_rank() == coord["dp_shard"] * cp + coord["cp"]
+
+
 LAYOUT = dict(
     n_heads=16,
     n_kv_heads=8,

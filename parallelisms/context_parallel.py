@@ -1,0 +1,152 @@
+"""Context parallel: each rank of the `cp` mesh dim holds a part of every sequence, and attention
+all-gathers the keys and values of the whole sequence over `cp` (TorchTitan's and MaxText's
+"allgather" rotation; the backward reduce-scatters their gradients back to the owners).
+
+The parts. With the "headtail" load balancer the sequence is cut into 2·cp chunks and rank i holds
+chunks i and 2·cp-1-i: under a causal mask a late chunk attends to many keys and an early one to
+few, so pairing them evens the work (and the activation memory) across ranks. "none" gives rank i
+the contiguous chunk i.
+
+What the model sees. The trainer passes each rank its part of the token ids as the model input and
+the whole window as `tokens=` (the model builds the attention mask and RoPE positions from it).
+Every block then gets a pre-hook that keeps the rows of this rank's query positions: of the RoPE
+table, and of the mask, whose columns it orders as the keys arrive from the all-gather (rank 0's
+part, then rank 1's, ...), so the keys are never permuted back. A causal model (no mask tensor)
+gets the mask built from the positions. Each block's `attention.sdpa` kernel is replaced by one
+that all-gathers k and v before scaled dot-product attention with that mask.
+
+So the load balancing, the masks and the all-gather live here; the model only provides the
+swappable kernel and the `tokens=` argument. The memory of the mask is (S/cp) x S booleans per
+block: the masked-SDPA path, which runs everywhere (CPU and gloo included). FlexAttention is not
+wired for context parallel.
+
+Knows the model only through its public structure: blocks called as block(h, freqs, mask), each
+with `attention.sdpa`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from parallelisms.parallel_dims import LayoutError
+
+LOAD_BALANCERS = ("headtail", "none")
+
+
+def chunks_per_rank(load_balancer: str) -> int:
+    return 2 if load_balancer == "headtail" else 1
+
+
+def rank_positions(seq_len: int, cp: int, rank: int, load_balancer: str) -> torch.Tensor:
+    """The window positions cp rank `rank` holds, in the order it holds them."""
+    if load_balancer == "none":
+        size = seq_len // cp
+        return torch.arange(rank * size, (rank + 1) * size)
+    size = seq_len // (2 * cp)
+    head = torch.arange(rank * size, (rank + 1) * size)
+    tail_start = (2 * cp - 1 - rank) * size
+    return torch.cat([head, torch.arange(tail_start, tail_start + size)])
+
+
+class SequenceShards:
+    """Cuts batches along the sequence for this cp rank and remembers the positions of the last
+    cut, which the block hooks read (one sequence length at a time)."""
+
+    def __init__(self, mesh: DeviceMesh, load_balancer: str):
+        self.mesh, self.load_balancer = mesh, load_balancer
+        self.cp, self.rank = mesh.size(), mesh.get_local_rank()
+        self.group = mesh.get_group()
+        self._cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.positions = self.key_positions = torch.empty(0, dtype=torch.long)
+
+    def shard(self, batch: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, ...) -> (batch, seq / cp, ...): this rank's positions of each sequence."""
+        seq, device = batch.shape[1], batch.device
+        key = (seq, device)
+        if key not in self._cache:
+            per_rank = [rank_positions(seq, self.cp, r, self.load_balancer) for r in range(self.cp)]
+            self._cache[key] = (per_rank[self.rank].to(device), torch.cat(per_rank).to(device))
+        self.positions, self.key_positions = self._cache[key]
+        return batch.index_select(1, self.positions)
+
+    def block_inputs(self, freqs: torch.Tensor, mask: torch.Tensor | None):
+        """The block's RoPE rotations and mask for this rank's queries against the gathered keys."""
+        q, k = self.positions, self.key_positions
+        freqs = freqs[q] if freqs.ndim == 2 else freqs[:, q]
+        if mask is None:  # causal: a key is visible when it is not later than the query
+            mask = q[:, None] >= k[None, :]
+        else:  # (batch, 1, seq, seq) -> (batch, 1, seq / cp, seq)
+            mask = mask[:, :, q[:, None], k[None, :]]
+        return freqs, mask
+
+
+class ContextParallelAttention(nn.Module):
+    """SDPA of this rank's queries against the keys and values of the whole sequence."""
+
+    def __init__(self, group) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        # (batch, heads, seq / cp, head_dim) -> (batch, heads, seq, head_dim), in rank order;
+        # autograd reduce-scatters the gradients back to the rank that owns each key.
+        k = funcol.all_gather_single(k.contiguous(), 2, self.group)
+        v = funcol.all_gather_single(v.contiguous(), 2, self.group)
+        gqa = k.shape[1] != q.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def apply_cp(blocks: list[nn.Module], shards: SequenceShards) -> None:
+    """Give each block the position hook and the all-gathering attention kernel."""
+
+    def hook(_block: nn.Module, args: tuple) -> tuple:
+        h, freqs, *rest = args
+        mask = rest[0] if rest else None
+        return (h, *shards.block_inputs(freqs, mask))
+
+    for block in blocks:
+        block.register_forward_pre_hook(hook)
+        attention = block.get_submodule("attention")
+        attention.register_module("sdpa", ContextParallelAttention(shards.group))
+
+
+def check_context_parallel(
+    cp: int,
+    tp: int,
+    seq_lens: dict[str, int],
+    load_balancer: str,
+    rotate_method: str,
+    attn_type: str,
+) -> None:
+    """What context parallel needs of the job, before any process group exists."""
+    if cp == 1:
+        return
+    if rotate_method != "allgather":
+        raise LayoutError(
+            f"parallelism.context_parallel_rotate_method = {rotate_method!r} is not built; "
+            "use 'allgather'"
+        )
+    if attn_type != "sdpa":
+        raise LayoutError(
+            "context parallel runs attention through masked SDPA; FlexAttention is not wired "
+            "for it: set model.attn_type = 'sdpa' (it applies the same masks)"
+        )
+    parts = cp * chunks_per_rank(load_balancer) * tp
+    for name, seq in seq_lens.items():
+        if seq % parts:
+            how = (
+                f"2 x context_parallel_degree ({cp})"
+                if load_balancer == "headtail"
+                else (f"context_parallel_degree ({cp})")
+            )
+            raise LayoutError(
+                f"{name} = {seq} is not divisible by {how} x tensor_parallel_degree ({tp}) = "
+                f"{parts}: the {load_balancer} load balancer cuts each sequence into that many "
+                "equal parts; pick a multiple of it"
+            )
