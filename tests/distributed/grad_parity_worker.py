@@ -30,10 +30,12 @@ class Layout:
     opts: dict = field(default_factory=dict)  # ParallelizeOptions fields
     pp: int = 1
     schedule: str = "1F1B"
+    cp: int = 1
+    load_balancer: str = "headtail"
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
 
 def _model_args():
@@ -86,16 +88,19 @@ def reference_grads(float8: bool, splits: int = 1) -> dict[str, torch.Tensor]:
 def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     from models.llama import Transformer
     from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
-    from titanlite.build import cross_entropy_loss
+    from parallelisms.context_parallel import SequenceShards
+    from titanlite.build import cross_entropy_loss, local_batch, model_kwargs
 
     args = _model_args()
     dims = ParallelDims.resolve(
-        layout.dp_replicate, layout.dp_shard, layout.tp, layout.world, layout.pp
+        layout.dp_replicate, layout.dp_shard, layout.tp, layout.world, layout.pp, layout.cp
     )
     meshes = dims.build_meshes("cpu")
+    shards = SequenceShards(meshes.get("cp"), layout.load_balancer) if dims.cp_enabled else None
     opts = ParallelizeOptions(
         loss_parallel=dims.tp_enabled and layout.opts.get("loss_parallel", True),
         float8=_float8_options() if layout.float8 else None,
+        sequence_shards=shards,
         **{k: v for k, v in layout.opts.items() if k != "loss_parallel"},
     )
     with torch.device("meta"):
@@ -105,8 +110,13 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     per_rank = BATCH // dp_size
     inputs = inputs[dp_rank * per_rank : (dp_rank + 1) * per_rank]
     labels = labels[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+    # Under context parallel: this rank's part of each sequence, the window as `tokens=`; every
+    # part holds as many targets, so FSDP's mean over dp x cp of the parts' means is the mean.
+    inputs, window, labels = local_batch(shards, inputs, labels)
     if dims.pp_enabled:
-        model = _pipeline_backward(model, dims, meshes, opts, layout.schedule, inputs, labels)
+        model = _pipeline_backward(
+            model, dims, meshes, opts, layout.schedule, inputs, labels, window
+        )
     else:
         parallelize_llama(model, dims, meshes, opts)
         model.to_empty(device="cpu")
@@ -114,9 +124,10 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
         model.train()
         loss_fn = torch.compile(cross_entropy_loss) if opts.compile else cross_entropy_loss
         n = layout.microbatches
-        for mb_in, mb_lab in zip(inputs.chunk(n), labels.chunk(n)):
+        windows = window.chunk(n) if window is not None else [None] * n
+        for mb_in, mb_lab, mb_window in zip(inputs.chunk(n), labels.chunk(n), windows):
             with loss_context(opts.loss_parallel):
-                loss = loss_fn(model(mb_in), mb_lab) / n
+                loss = loss_fn(model(mb_in, **model_kwargs(mb_window)), mb_lab) / n
                 loss.backward()
     grads: dict[str, torch.Tensor | None] = {}
     for name, p in model.named_parameters():
@@ -130,7 +141,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     return {k: v for part in everyone for k, v in part.items()}
 
 
-def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels):
+def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, window=None):
     """Forward and backward through the stages and schedule the trainer builds; returns this
     rank's stages as one module (their parameters under the whole model's names)."""
     from parallelisms import loss_context, parallelize_llama
@@ -165,7 +176,13 @@ def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels):
     )
     args = (inputs,) if 0 in ids else ()
     with loss_context(opts.loss_parallel):  # as the trainer: vocab-sharded logits under TP
-        runner.step(*args, tokens=inputs, target=labels, losses=[], return_outputs=False)
+        runner.step(
+            *args,
+            tokens=inputs if window is None else window,
+            target=labels,
+            losses=[],
+            return_outputs=False,
+        )
     return ModelParts(parts)
 
 

@@ -41,6 +41,11 @@ WORLD2 = {
     "pp2_1f1b": {"pp": 2},
     "pp2_interleaved1f1b": {"pp": 2, "schedule": "Interleaved1F1B"},
     "pp2_zbv": {"pp": 2, "schedule": "ZBVZeroBubble"},
+    # Context parallel (causal here: random tokens, no document mask; the layout-parity test
+    # trains with block_causal documents).
+    "cp2": {"cp": 2},
+    "cp2_contiguous": {"cp": 2, "load_balancer": "none"},
+    "cp2_compile": {"cp": 2, "opts": {"compile": True}},
 }
 WORLD4 = {
     "fsdp4": {"dp_shard": 4},
@@ -59,6 +64,12 @@ WORLD4 = {
     "fsdp2_tp2_float8": {**FSDP2_TP2, "float8": True},
     "pp2_fsdp2": {"pp": 2, "dp_shard": 2},
     "pp2_tp2": {"pp": 2, "tp": 2},
+    "cp4": {"cp": 4},
+    "cp2_fsdp2": {"cp": 2, "dp_shard": 2},
+    "cp2_hsdp": {"cp": 2, "dp_replicate": 2},
+    "cp2_tp2": {"cp": 2, "tp": 2},
+    "cp2_tp2_ac_op": {"cp": 2, "tp": 2, "opts": AC_OP},
+    "pp2_cp2": {"pp": 2, "cp": 2},
 }
 
 

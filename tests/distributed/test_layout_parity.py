@@ -223,6 +223,59 @@ LAYOUTS = {
             "2",
         ],
     ),
+    # Context parallel under block_causal documents: at seq 64 the head-tail cut makes chunks
+    # of 16 tokens (8 under CP 4) and the paragraphs are longer, so documents straddle the
+    # chunk borders (and the ranks' borders) in every window.
+    "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
+    # With per-document RoPE positions, computed from the whole window before the cut.
+    "cp4_rope_document": (
+        4,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.context_parallel_degree",
+            "4",
+            "--model.rope_positions",
+            "document",
+        ],
+    ),
+    "cp2_fsdp2": (
+        4,
+        ["--training.local_batch_size", "4", "--parallelism.context_parallel_degree", "2"],
+    ),
+    "cp2_tp2": (
+        4,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+    ),
+    "cp2_ac_full": (
+        2,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--activation_checkpoint.mode",
+            "full",
+        ],
+    ),
+    "pp2_cp2": (
+        4,
+        [
+            "--training.local_batch_size",
+            "8",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.context_parallel_degree",
+            "2",
+        ],
+    ),
     "one_proc_accum2": (
         1,
         ["--training.local_batch_size", "4", "--training.global_batch_size", "8"],
