@@ -8,19 +8,20 @@ few, so pairing them evens the work (and the activation memory) across ranks. "n
 the contiguous chunk i.
 
 What the model sees. The trainer passes each rank its part of the token ids as the model input and
-the whole window as `tokens=` (the model builds the attention mask and RoPE positions from it).
-Every block then gets a pre-hook that keeps the rows of this rank's query positions: of the RoPE
-table, and of the mask, whose columns it orders as the keys arrive from the all-gather (rank 0's
-part, then rank 1's, ...), so the keys are never permuted back. A causal model (no mask tensor)
-gets the mask built from the positions. Each block's `attention.sdpa` kernel is replaced by one
-that all-gathers k and v before scaled dot-product attention with that mask.
+the whole window as `tokens=`; a forward pre-hook on the model adds `positions=` (this rank's
+query positions, and the key positions in the order the keys arrive from the all-gather: rank 0's
+part, then rank 1's, ...). The model then builds, once per forward, the RoPE rows of its queries
+and the additive mask of its queries against all keys (causal, or block-causal from the whole
+window's documents), which every block shares; the keys are never permuted back. Each block's
+`attention.sdpa` kernel is replaced by one that all-gathers k and v before scaled dot-product
+attention with that mask.
 
-So the load balancing, the masks and the all-gather live here; the model only provides the
-swappable kernel and the `tokens=` argument. The memory of the mask is (S/cp) x S booleans per
-block: the masked-SDPA path, which runs everywhere (CPU and gloo included). FlexAttention is not
+So the load balancing and the all-gather live here; the model only provides the swappable kernel
+and the `tokens=` / `positions=` arguments. The mask is (S/cp) x S in the compute dtype, one per
+forward: the masked-SDPA path, which runs everywhere (CPU and gloo included). FlexAttention is not
 wired for context parallel.
 
-Knows the model only through its public structure: blocks called as block(h, freqs, mask), each
+Knows the model only through its public structure: forward(x, tokens=, positions=) and blocks
 with `attention.sdpa`.
 """
 
@@ -54,7 +55,7 @@ def rank_positions(seq_len: int, cp: int, rank: int, load_balancer: str) -> torc
 
 class SequenceShards:
     """Cuts batches along the sequence for this cp rank and remembers the positions of the last
-    cut, which the block hooks read (one sequence length at a time)."""
+    cut, which the model's forward pre-hook passes on (one sequence length at a time)."""
 
     def __init__(self, mesh: DeviceMesh, load_balancer: str):
         self.mesh, self.load_balancer = mesh, load_balancer
@@ -72,16 +73,6 @@ class SequenceShards:
             self._cache[key] = (per_rank[self.rank].to(device), torch.cat(per_rank).to(device))
         self.positions, self.key_positions = self._cache[key]
         return batch.index_select(1, self.positions)
-
-    def block_inputs(self, freqs: torch.Tensor, mask: torch.Tensor | None):
-        """The block's RoPE rotations and mask for this rank's queries against the gathered keys."""
-        q, k = self.positions, self.key_positions
-        freqs = freqs[q] if freqs.ndim == 2 else freqs[:, q]
-        if mask is None:  # causal: a key is visible when it is not later than the query
-            mask = q[:, None] >= k[None, :]
-        else:  # (batch, 1, seq, seq) -> (batch, 1, seq / cp, seq)
-            mask = mask[:, :, q[:, None], k[None, :]]
-        return freqs, mask
 
 
 class ContextParallelAttention(nn.Module):
@@ -102,16 +93,15 @@ class ContextParallelAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
-def apply_cp(blocks: list[nn.Module], shards: SequenceShards) -> None:
-    """Give each block the position hook and the all-gathering attention kernel."""
+def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:
+    """Pass this rank's positions to every forward of `model`; give each block the all-gathering
+    attention kernel."""
 
-    def hook(_block: nn.Module, args: tuple) -> tuple:
-        h, freqs, *rest = args
-        mask = rest[0] if rest else None
-        return (h, *shards.block_inputs(freqs, mask))
+    def add_positions(_model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, {**kwargs, "positions": (shards.positions, shards.key_positions)}
 
+    model.register_forward_pre_hook(add_positions, with_kwargs=True)
     for block in blocks:
-        block.register_forward_pre_hook(hook)
         attention = block.get_submodule("attention")
         attention.register_module("sdpa", ContextParallelAttention(shards.group))
 

@@ -80,6 +80,7 @@ def apply_rope(
 
 
 AttentionMask = torch.Tensor | BlockMask | None
+Positions = tuple[torch.Tensor, torch.Tensor]  # (query positions, key positions) in the window
 
 
 def document_ids(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -256,12 +257,31 @@ class Transformer(nn.Module):
         # FlexAttention's plain causal BlockMask depends only on the shape: built once per shape.
         self._causal_block_masks: dict[tuple[int, int, torch.device], BlockMask] = {}
 
-    def attention_mask(self, tokens: torch.Tensor) -> AttentionMask:
-        """The mask every block uses for this batch of (batch, seq) tokens."""
+    def attention_mask(
+        self,
+        tokens: torch.Tensor,
+        positions: Positions | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> AttentionMask:
+        """The mask every block uses for this batch of (batch, seq) tokens. With `positions`
+        (query positions, key positions in the window), the mask of those queries against those
+        keys, additive in `dtype`: SDPA saves a float mask for backward as it is, so every block
+        shares this one, where it would save a float copy of a boolean mask per block."""
         a = self.args
+        if a.attn_mask_type == "block_causal" and a.bos_id < 0:
+            raise ValueError("block_causal attention needs args.bos_id (the BOS token id)")
+        if positions is not None:
+            if a.attn_type != "sdpa":
+                raise ValueError("attention between chosen positions needs attn_type = 'sdpa'")
+            queries, keys = positions
+            visible = queries[:, None] >= keys[None, :]
+            if a.attn_mask_type == "block_causal":
+                docs = document_ids(tokens, a.bos_id)
+                visible = visible & (docs[:, queries, None] == docs[:, None, keys])
+            visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
+            mask = torch.zeros(visible.shape, dtype=dtype, device=tokens.device)
+            return mask.masked_fill_(~visible, float("-inf"))
         if a.attn_mask_type == "block_causal":
-            if a.bos_id < 0:
-                raise ValueError("block_causal attention needs args.bos_id (the BOS token id)")
             if a.attn_type == "flex":
                 return block_causal_block_mask(tokens, a.bos_id)
             return block_causal_mask(tokens, a.bos_id)
@@ -275,31 +295,44 @@ class Transformer(nn.Module):
             )
         return self._causal_block_masks[key]
 
-    def rope_freqs(self, tokens: torch.Tensor | None) -> torch.Tensor:
+    def rope_freqs(
+        self, tokens: torch.Tensor | None, queries: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The RoPE rotations every block uses for this batch: the whole table for window
-        positions, else each token's rotation at its position in its document."""
+        positions, else each token's rotation at its position in its document; with `queries`,
+        the rows of those window positions."""
         if self.args.rope_positions == "window":
-            return self.freqs_cis
+            return self.freqs_cis if queries is None else self.freqs_cis[queries]
         if tokens is None:
             raise ValueError("document RoPE positions need `tokens` (the ids)")
-        return self.freqs_cis[document_positions(tokens, self.args.bos_id)]
+        freqs = self.freqs_cis[document_positions(tokens, self.args.bos_id)]
+        return freqs if queries is None else freqs[:, queries]
 
-    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        tokens: torch.Tensor | None = None,
+        positions: Positions | None = None,
+    ) -> torch.Tensor:
         """`x`: token ids (batch, seq) -> logits. `tokens`, when given, are the ids of the whole
         window the attention mask and positions are made from (by default `x`): a copy that
         lacks some parts (a pipeline stage) starts from hidden states when it has no
-        `tok_embeddings`, and returns hidden states when it has no `output`; a parallelism may
-        pass a part of the window as `x` (context parallel) and adapt the mask and positions
-        to it in each block."""
+        `tok_embeddings`, and returns hidden states when it has no `output`. `positions`
+        (query positions, key positions): `x` holds the window's tokens at those query
+        positions, and the attention kernel supplies the keys at those key positions (context
+        parallel passes both)."""
         if tokens is None and self.tok_embeddings is not None:
             tokens = x
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         # Built here, once, rather than in each block: under activation checkpointing and
         # compile the blocks receive them as inputs and never rebuild them. Under tensor
         # parallel `tokens` is still whole and the same on every rank (the embedding shards
         # its output), so every rank computes the same positions.
-        mask = self.attention_mask(tokens) if tokens is not None else self._mask_without_ids()
-        freqs = self.rope_freqs(tokens)
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if tokens is not None:
+            mask = self.attention_mask(tokens, positions, dtype=h.dtype)
+        else:
+            mask = self._mask_without_ids()
+        freqs = self.rope_freqs(tokens, positions[0] if positions is not None else None)
         for layer in self.layers.values():
             h = layer(h, freqs, mask)
         if self.norm is not None:

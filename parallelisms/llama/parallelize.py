@@ -2,8 +2,8 @@
 float8 conversion -> tensor parallel -> context parallel -> activation checkpointing -> compile
 -> FSDP / DDP.
 
-Context parallel hooks each block before AC and compile wrap it, so that its position hook and
-key/value all-gather are recomputed and compiled with the block. Float8 goes first because torchao's float8 TP styles accept only Float8Linear modules, and FSDP
+Context parallel swaps each block's attention kernel before AC and compile wrap the block, so
+that its key/value all-gather is recomputed and compiled with it. Float8 goes first because torchao's float8 TP styles accept only Float8Linear modules, and FSDP
 must shard the float8 weight wrapper when float8 all-gather is on.
 
 Knows the model only through its public structure: `layers` (a ModuleDict of blocks),
@@ -54,7 +54,7 @@ def parallelize_llama(
             enable_async_tp(meshes.get("tp"))
 
     if opts.sequence_shards is not None:
-        apply_cp(list(layers.values()), opts.sequence_shards)
+        apply_cp(model, list(layers.values()), opts.sequence_shards)
 
     if opts.ac_mode != "none":
         for name, block in apply_ac(dict(layers.items()), opts.ac_mode, opts.ac_option).items():
