@@ -35,6 +35,7 @@ LAYOUTS = {
     "fsdp2": (2, ["--training.local_batch_size", "4"]),
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
     "fsdp2_tp2": (4, FSDP2_TP2),
+    "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
 }
 
 
@@ -78,12 +79,33 @@ def saved_2x2(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["one", "fsdp2", "tp2"])
+@pytest.mark.parametrize("target", ["one", "fsdp2", "tp2", "cp2"])
 def test_reshard_2x2_checkpoint_onto_other_layouts(saved_2x2, tmp_path, target):
     copy_step(saved_2x2, 4, tmp_path)
     nproc, args = LAYOUTS[target]
     train(tmp_path, nproc, *args, "--training.steps", "8", "--checkpoint.interval", "4")
     want, got = losses(saved_2x2), losses(tmp_path)
+    assert sorted(got) == [5, 6, 7, 8]
+    for s in got:
+        assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
+
+
+@pytest.fixture(scope="module")
+def saved_cp2(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saved_cp2")
+    train(folder, 2, *LAYOUTS["cp2"][1], "--training.steps", "8", "--checkpoint.interval", "4")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["one", "fsdp2"])
+def test_context_parallel_checkpoint_resumes_on_other_layouts(saved_cp2, tmp_path, target):
+    """CP is invisible in a checkpoint: its ranks hold FSDP shards of the same parameters and
+    the same data loader position, which DCP reshards like any other layout's."""
+    copy_step(saved_cp2, 4, tmp_path)
+    nproc, args = LAYOUTS[target]
+    train(tmp_path, nproc, *args, "--training.steps", "8", "--checkpoint.interval", "4")
+    want, got = losses(saved_cp2), losses(tmp_path)
     assert sorted(got) == [5, 6, 7, 8]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])

@@ -1,6 +1,7 @@
 """Training on prepared shards with a validation loss, under torchrun on gloo: training and
-validation losses are the same on one process, on FSDP 2 x TP 2 and on PP 2 x FSDP 2, and the validation loss
-reaches metrics.jsonl and TensorBoard; a corrupted shard stops the run at start, naming it."""
+validation losses are the same on one process, on FSDP 2 x TP 2, PP 2 x FSDP 2 and CP 2 x FSDP 2,
+and the validation loss reaches metrics.jsonl and TensorBoard; a corrupted shard stops the run at
+start, naming it."""
 
 import subprocess
 import sys
@@ -69,16 +70,26 @@ LAYOUTS = {
         "--parallelism.pipeline_parallel_degree",
         "2",
     ],
+    # Context parallel: each rank scores a part of every sequence; the loss and its token count
+    # are summed over dp x cp.
+    "cp2_fsdp2": [
+        "--training.local_batch_size",
+        "4",
+        "--parallelism.context_parallel_degree",
+        "2",
+    ],
 }
 
 
 @pytest.mark.slow
-def test_validation_loss_is_the_same_on_one_process_fsdp2_tp2_and_pp2_fsdp2(shards, tmp_path):
+def test_validation_loss_is_the_same_on_one_process_and_on_4_rank_layouts(shards, tmp_path):
     one = tmp_path / "one"
     check(_one_process(_args(one, shards, "--training.local_batch_size", "8")))
     for name, extra in LAYOUTS.items():
         args = _args(tmp_path / name, shards, *extra, "--metrics.enable_tensorboard", "false")
-        check(torchrun(4, ["-m", "titanlite.train"], args))
+        proc = check(torchrun(4, ["-m", "titanlite.train"], args))
+        # Tokens seen count each sequence once, however many ranks share it (TP, PP, CP).
+        assert f"training done: 4 steps, {4 * 8 * 64:,} tokens" in proc.stderr, name
     val, train = {}, {}
     for name in ("one", *LAYOUTS):
         records = read_jsonl(tmp_path / name / "metrics.jsonl")

@@ -399,3 +399,26 @@ def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
     expect(got["world"], 2, "world size 2 is not divisible by pipeline_parallel_degree (4)")
     for proc in got.values():
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
+    dump = ["--job.dump_folder", str(tmp_path / "out")]
+    cp = ["--parallelism.context_parallel_degree"]
+    cases = {
+        "seq_len": ([*dump, *cp, "2", "--training.seq_len", "90"], {}),
+        "alltoall": (
+            [*dump, *cp, "2", "--parallelism.context_parallel_rotate_method", "alltoall"],
+            {},
+        ),
+        "flex": ([*dump, *cp, "2", "--model.attn_type", "flex"], {}),
+        "world": ([*dump, *cp, "4"], {}),
+    }
+    for _, env in cases.values():
+        env.setdefault("NGPU", "2")
+    got = in_pairs(cases)
+    expect(got["seq_len"], 2, "training.seq_len = 90 is not divisible by 2 x context_parallel")
+    expect(got["alltoall"], 2, "context_parallel_rotate_method = 'alltoall' is not built")
+    expect(got["flex"], 2, "FlexAttention is not wired for it")
+    expect(got["world"], 2, "world size 2 is not divisible by context_parallel_degree (4)")
+    for proc in got.values():
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

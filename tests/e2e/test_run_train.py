@@ -34,8 +34,9 @@ def test_debug_model_trains_and_logs(tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_with_float8_log_only_rank0_by_default(tmp_path):
-    # Two launcher options in one run (each run costs a torchrun start): FSDP 2 with float8
-    # linears (torchao, real CPU float8 matmuls), and rank-0-only logging. Small windows: CPU
+    # Three things in one run (each run costs a torchrun start): context parallel 2 (FSDP over
+    # the cp ranks) with float8 linears (torchao, real CPU float8 matmuls on each rank's part
+    # of the sequences), and rank-0-only logging. Small windows: CPU
     # float8 matmuls are reference kernels (measured here: over 5 minutes for the preset's
     # 2 steps of 8 x 256 tokens per rank on 2 cores).
     proc = check(
@@ -54,14 +55,44 @@ def test_two_ranks_with_float8_log_only_rank0_by_default(tmp_path):
                 "false",
                 "--model.converters",
                 "float8",
+                "--parallelism.context_parallel_degree",
+                "2",
             ],
             NGPU="2",
         )
     )
     out = proc.stdout + proc.stderr
     assert "[rank0]" in out and "[rank1]" not in out
-    assert "dp_shard=2" in out
+    assert "mesh cp=2" in out
     assert "float8: converting 42 of 43 Linear layers" in out
     assert "Failed to load" not in out  # torchao's import noise about CUDA kernels is kept out
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(records) == 2 and all(r["loss"] > 0 for r in records)
+
+
+@pytest.mark.slow
+def test_context_parallel_trains_long_windows_from_the_cli(tmp_path):
+    """The issue's command: 1024-token windows cut over 2 context-parallel ranks."""
+    check(
+        run_script(
+            "run_train.sh",
+            [
+                "--parallelism.context_parallel_degree",
+                "2",
+                "--training.seq_len",
+                "1024",
+                "--training.steps",
+                "4",
+                "--training.local_batch_size",
+                "2",
+                "--job.dump_folder",
+                str(tmp_path),
+                "--metrics.enable_tensorboard",
+                "false",
+            ],
+            NGPU="2",
+        )
+    )
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[-1]["loss"] < records[0]["loss"] - 0.3, [r["loss"] for r in records]
