@@ -120,6 +120,9 @@ class Plan:
     seconds: float = 0.0
     float8: str | None = None  # the float8 conversion plan, when float8 is on
     pipeline: str = ""  # the stage split, micro-batches and bubble, under pipeline parallel
+    cp: int = 1  # context-parallel degree: ranks that share each sequence
+    tokens_per_rank: int = 0  # tokens of a micro-batch this rank holds (seq / cp of each sequence)
+    context_parallel: str = ""  # how the sequence is cut, under context parallel
     # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
     # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
     headroom: int = 0
@@ -140,6 +143,10 @@ class Plan:
             f"  mesh                 {mesh}",
             f"  data parallel        {self.dp_size} ranks, {self.grad_accum_steps} micro-batch(es) per step",
             f"  tokens per step      {self.tokens_per_step:,}",
+        ]
+        if self.context_parallel:
+            lines.append("  " + self.context_parallel)
+        lines += [
             f"  FLOPs per step       {self.flops_per_step:.3e}",
         ]
         if self.float8:
@@ -161,7 +168,7 @@ class Plan:
         if not self.fits:
             top = max(self.bytes, key=lambda name: self.bytes[name])
             lines.append(
-                f"  biggest item: {top}; more data-parallel shards, tensor parallel, "
+                f"  biggest item: {top}; more data-parallel shards, tensor or context parallel, "
                 "activation checkpointing or a smaller local batch reduce it"
             )
         return "\n".join(lines)
@@ -230,6 +237,7 @@ def plan(
         compute_bytes=compute_bytes,
         blocks_held=blocks_held,
         has_output=has_output,
+        cp=dims.cp,
     )
     if in_flight > 1:
         act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)
@@ -256,6 +264,14 @@ def plan(
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
+    per_rank = batch * t.seq_len // dims.cp
+    context_parallel = ""
+    if dims.cp_enabled:
+        context_parallel = (
+            f"context parallel     {dims.cp} ranks share each sequence "
+            f"({job.parallelism.context_parallel_load_balancer} cut): {per_rank:,} tokens per "
+            f"rank of the micro-batch's {batch * t.seq_len:,}"
+        )
     return Plan(
         world_size=world_size,
         rank=rank,
@@ -273,6 +289,9 @@ def plan(
         seconds=time.perf_counter() - start,
         float8=built.float8_plan.describe() if built.float8_plan is not None else None,
         pipeline=pipeline,
+        cp=dims.cp,
+        tokens_per_rank=per_rank,
+        context_parallel=context_parallel,
     )
 
 

@@ -37,6 +37,57 @@ def test_presets_plan_quickly(preset, world, mesh):
     assert seconds < 60
 
 
+# 128k-token sequences as a long-context run would train them: context parallel over 8 ranks,
+# one sequence per data-parallel rank, full activation checkpointing (docs/dry_run.md).
+LONG_CONTEXT = [
+    "--training.seq_len",
+    "131072",
+    "--training.local_batch_size",
+    "1",
+    "--activation_checkpoint.mode",
+    "full",
+]
+
+
+@pytest.mark.parametrize(
+    "preset, world, mesh",
+    [
+        ("llama_8b.toml", 64, "dp_shard=8 x cp=8"),
+        ("llama_70b.toml", 256, "dp_shard=4 x cp=8 x tp=8"),
+    ],
+)
+def test_context_parallel_plans_at_128k_tokens(preset, world, mesh):
+    cp8 = [*LONG_CONTEXT, "--parallelism.context_parallel_degree", "8"]
+    proc = _dry("--config", preset, "--dry-run.world_size", str(world), *cp8)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"mesh                 {mesh}" in out
+    assert (
+        "context parallel     8 ranks share each sequence (headtail cut): 16,384 tokens per rank "
+        "of the micro-batch's 131,072"
+    ) in out
+    assert "-> FITS" in out
+    assert float(out.split("planned in ")[1].split("s")[0]) < 60
+    # Against the same job without context parallel: what is proportional to this rank's
+    # tokens (each checkpointed block's input, the final norm, the logits and their gradient)
+    # shrinks 8 times; the block_causal window mask (seq x seq booleans, built whole on every
+    # rank before the blocks cut their rows out) does not.
+    with_cp = plan(config.load(["--config", preset, *cp8]), world)
+    without = plan(config.load(["--config", preset, *LONG_CONTEXT]), world)
+    assert with_cp.cp == 8 and without.cp == 1
+    assert with_cp.tokens_per_rank * 8 == without.tokens_per_rank == 131072
+    window = 131072 * 131072
+
+    def per_token(p):
+        return p.bytes["activations (saved)"] - window
+
+    assert per_token(with_cp) == pytest.approx(per_token(without) / 8, rel=1e-6)
+    # The recompute does not shrink as much: its block all-gathers the whole sequence's keys
+    # and values and holds this rank's rows of the additive mask and of the booleans.
+    recompute = "activations (recompute + loss grad)"
+    assert without.bytes[recompute] / 8 < with_cp.bytes[recompute] < without.bytes[recompute]
+
+
 @pytest.mark.parametrize(
     "preset, world, degrees, mesh, stages",
     [
