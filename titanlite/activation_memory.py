@@ -27,35 +27,30 @@ torch 2.13 CPU with saved-tensor hooks). FlexAttention's BlockMask holds a few i
 Context parallel (cp ranks share each sequence; see parallelisms/context_parallel.py): every
 per-token term above counts this rank's tokens, batch x seq/cp, because each rank embeds, projects
 and normalizes only its own part of each sequence, and computes the logits and loss of its own
-positions. Three terms do not shrink with cp, because attention needs the whole sequence:
+positions. What attention needs of the whole sequence does not shrink with cp:
 
     keys/values e*2kv x cp/t per local token (replacing e*2kv/t): the all-gathered keys and
                 values of the whole sequence are SDPA's inputs, so SDPA keeps them, not the
                 local ones (the all-gather needs nothing saved to reduce-scatter the gradients)
-    mask        per block, SDPA's additive copy of the (seq/cp x seq) boolean mask: a causal
-                model passes no mask without cp, but this rank's queries against all keys are
-                no longer a square causal pattern, so each block's pre-hook builds the booleans
-                from the positions (shared by the batch, hence e x seq/cp x seq bytes per block,
-                whatever the batch); block_causal already counts e x seq per token, which now
-                means per local token (batch x seq/cp x seq)
-    RoPE rows   per block, the rows of the rotation table for this rank's positions, which the
-                pre-hook indexes out (seq/cp x head_dim/2 complex64 values; per sequence with
-                document positions): a copy, where without cp each block reads the table itself
+    mask        once per forward, outside the blocks: the additive mask of this rank's queries
+                against all keys, e x seq/cp x seq bytes (times the batch under block_causal),
+                which the model builds in the compute dtype so that SDPA keeps it as it is and
+                every block shares it. It replaces, under block_causal, both the window's
+                batch x seq x seq booleans and the per-block additive copy (the e x seq per
+                token above); a causal model needs it because this rank's queries against all
+                keys are no longer a square causal pattern.
+    RoPE rows   once per forward: the rotations of this rank's positions (seq/cp x head_dim/2
+                complex64 values; per sequence with document positions)
 
-The booleans the pre-hook builds (causal) or cuts out of the window's mask (block_causal) are
-not saved (SDPA saves its additive copy) but live while the block runs: with checkpointing they
-are rebuilt with the block, so the recompute term counts them. The window's own block_causal
-mask stays batch x seq x seq booleans on every rank: the model builds it from the whole window
-before the blocks cut their rows out. Selective op checkpointing keeps none of the three (SAC
-keeps only the outputs of the ops it saves; the all-gather and the mask are recomputed with the
-block). The same measurement shows SAC keeping no additive mask without cp either, so the
-block_causal term that selective op adds per block (with or without cp) over-counts; it stays
-until the no-cp calibration settles it. Measured on torch 2.13 CPU (SDPA's flash kernel for
-CPU) on 2 gloo ranks: saved-tensor hooks, and under checkpointing the tensors still alive after
-the forward. On CUDA the kernel that takes a mask is
-memory-efficient attention, which saves the same inputs if it accepts grouped-query heads; not
-measured here: where it does not, SDPA falls back to the math kernel, which saves the
-seq/cp x seq attention probabilities of every head, and this formula does not hold.
+The mask and the rows are made before the first block and are inputs of every block, so
+checkpointing keeps them whatever its mode. Measured on torch 2.13 CPU (SDPA's flash kernel for
+CPU) on 2 gloo ranks with saved-tensor hooks (tests/unit/test_activation_memory.py). On CUDA the
+kernel that takes a mask is memory-efficient attention, which saves the same inputs if it accepts
+grouped-query heads; not measured here: where it does not, SDPA falls back to the math kernel,
+which saves the seq/cp x seq attention probabilities of every head, and this formula does not
+hold. Selective op checkpointing was measured to keep no per-block additive mask without cp
+either, so the block_causal term it adds per block over-counts; it stays until the no-cp
+calibration settles it.
 
 Activation checkpointing changes what each block keeps until backward:
 - none: everything above;
@@ -111,28 +106,18 @@ def estimate_activations(
     # Keys and values: the whole sequence's under context parallel (all-gathered).
     attention = e * (d + 2 * kv * cp) / t + 2 * e * d / t + 4 * n / t
     sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
-    if sdpa_mask:
+    per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)
+    if per_block_mask:
         attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
     swiglu = 4 * e * ffn / t
-    # Context parallel, per block: what its pre-hook adds (module docstring).
-    cp_saved, cp_transient = 0.0, 0.0
-    if cp > 1:
-        rows = seq_len // cp  # this rank's query positions
-        if not sdpa_mask:  # causal: booleans built from the positions, shared by the batch
-            cp_saved += e * rows * seq_len
-            cp_transient += rows * seq_len
-        else:  # block_causal: this rank's rows of the window's mask, cut out per block
-            cp_transient += local_batch_size * rows * seq_len
-        rope_rows = rows if args.rope_positions == "window" else local_batch_size * rows
-        cp_saved += rope_rows * args.head_dim // 2 * 8  # complex64
-    full_block = tokens * (norms + gathered + attention + swiglu) + cp_saved
+    full_block = tokens * (norms + gathered + attention + swiglu)
     block_input = tokens * e * d / t
     # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input.
     w2_out = (
         e * d if t == 1 else e * d + e * d / t
     )  # partial sums before the reduce-scatter, and its result
     op_block = tokens * (e * (d + kv + ffn) / t + w2_out + e * d / t + 4 * n / t) + block_input
-    if sdpa_mask:  # an over-count: SAC keeps no additive mask (module docstring)
+    if per_block_mask:  # an over-count: SAC keeps no additive mask (module docstring)
         op_block += tokens * e * seq_len
 
     layers = args.n_layers if blocks_held is None else blocks_held
@@ -147,16 +132,21 @@ def estimate_activations(
         wrapped = len(range(0, layers, every))
         blocks = wrapped * block_input + (layers - wrapped) * full_block
         recompute = full_block if wrapped else 0.0
-    if recompute:
-        recompute += cp_transient  # the recomputed block's booleans (context parallel)
 
     logits_width = vocab / t if (loss_parallel or t == 1) else vocab
-    outside = tokens * ((4 * d + 4) / t + e * d + 4 * logits_width)
-    if sdpa_mask:
-        outside += local_batch_size * seq_len * seq_len  # the boolean mask itself
+    # What the model builds once per forward and every block reads.
+    if cp > 1:
+        rows = seq_len // cp  # this rank's query positions
+        per_sequence = args.attn_mask_type == "block_causal"
+        masks = e * rows * seq_len * (local_batch_size if per_sequence else 1)
+        rope_rows = rows * (1 if args.rope_positions == "window" else local_batch_size)
+        masks += rope_rows * args.head_dim // 2 * 8  # complex64
+    else:
+        masks = local_batch_size * seq_len * seq_len if sdpa_mask else 0  # boolean
+    outside = tokens * ((4 * d + 4) / t + e * d + 4 * logits_width) + masks
     loss_backward = tokens * 4 * logits_width
     if not has_output:  # a pipeline stage before the last: no final norm, logits or loss
-        outside = local_batch_size * seq_len * seq_len if sdpa_mask else 0
+        outside = masks
         loss_backward = 0
     return ActivationEstimate(
         int(full_block), int(blocks), int(recompute), int(outside), int(loss_backward)

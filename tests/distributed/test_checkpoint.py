@@ -81,10 +81,15 @@ def saved_2x2(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["one", "fsdp2", "tp2", "cp2"])
 def test_reshard_2x2_checkpoint_onto_other_layouts(saved_2x2, tmp_path, target):
-    copy_step(saved_2x2, 4, tmp_path)
+    resume_matches(saved_2x2, tmp_path, target)
+
+
+def resume_matches(saved, folder, target: str) -> None:
+    """Resume `saved`'s step 4 (of 8) on layout `target`: steps 5-8 within 1e-4."""
+    copy_step(saved, 4, folder)
     nproc, args = LAYOUTS[target]
-    train(tmp_path, nproc, *args, "--training.steps", "8", "--checkpoint.interval", "4")
-    want, got = losses(saved_2x2), losses(tmp_path)
+    train(folder, nproc, *args, "--training.steps", "8", "--checkpoint.interval", "4")
+    want, got = losses(saved), losses(folder)
     assert sorted(got) == [5, 6, 7, 8]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
@@ -102,13 +107,7 @@ def saved_cp2(tmp_path_factory):
 def test_context_parallel_checkpoint_resumes_on_other_layouts(saved_cp2, tmp_path, target):
     """CP is invisible in a checkpoint: its ranks hold FSDP shards of the same parameters and
     the same data loader position, which DCP reshards like any other layout's."""
-    copy_step(saved_cp2, 4, tmp_path)
-    nproc, args = LAYOUTS[target]
-    train(tmp_path, nproc, *args, "--training.steps", "8", "--checkpoint.interval", "4")
-    want, got = losses(saved_cp2), losses(tmp_path)
-    assert sorted(got) == [5, 6, 7, 8]
-    for s in got:
-        assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
+    resume_matches(saved_cp2, tmp_path, target)
 
 
 @pytest.mark.slow

@@ -93,6 +93,11 @@ def copy_run(saved_run: Path, dst: Path) -> Path:
     return dst / "checkpoint" / "step-1"
 
 
+def no_tracebacks(runs: dict[str, subprocess.CompletedProcess]) -> None:
+    for proc in runs.values():
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def in_pairs(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
     """Run {name: (args, env)} through run_train.sh two at a time (the CI machine has 2 cores)."""
     with ThreadPoolExecutor(2) as pool:
@@ -281,8 +286,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect(got["hf_column"], 2, "no column 'text' (columns: id, body); set the text field")
     expect(got["hf_dict"], 2, "is a Hugging Face DatasetDict (splits: train); point it at")
     expect(got["rope_causal"], 2, "rope_positions = 'document' needs attn_mask_type")
-    for proc in got.values():
-        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    no_tracebacks(got)
     assert a_file.read_text() == "x"  # nothing overwritten
 
 
@@ -397,8 +401,7 @@ def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
     expect(got["layers"], 2, "1 block(s) do not split into 4 pipeline stages")
     expect(got["validation"], 2, "under pipeline parallel validates with the training shapes")
     expect(got["world"], 2, "world size 2 is not divisible by pipeline_parallel_degree (4)")
-    for proc in got.values():
-        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    no_tracebacks(got)
 
 
 def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
@@ -420,5 +423,4 @@ def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
     expect(got["alltoall"], 2, "context_parallel_rotate_method = 'alltoall' is not built")
     expect(got["flex"], 2, "FlexAttention is not wired for it")
     expect(got["world"], 2, "world size 2 is not divisible by context_parallel_degree (4)")
-    for proc in got.values():
-        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    no_tracebacks(got)

@@ -42,36 +42,36 @@ def _estimate(args: LlamaArgs, *, seq: int, cp: int, tp: int = 1, ac: str = "non
 def test_cp_2_at_seq_s_is_cp_1_at_s_over_2_plus_the_whole_sequence_attention(ac, tp):
     # Both hold the same tokens per rank (batch x s/2), so everything token-proportional is
     # equal; context parallel adds, per block, the other half of the keys and values
-    # (all-gathered), the additive (s/2 x s) causal mask SDPA saves and the RoPE rows the
-    # pre-hook cuts out, and the (s/2 x s) booleans while a block runs.
+    # (all-gathered), and once per forward the additive (s/2 x s) causal mask and the RoPE
+    # rows of this rank's positions.
     args = dataclasses.replace(ARGS, attn_mask_type="causal")
     e, s, batch, layers = 2, 4096, 2, args.n_layers
     cp2 = _estimate(args, seq=s, cp=2, tp=tp, ac=ac)
     cp1 = _estimate(args, seq=s // 2, cp=1, tp=tp, ac=ac)
     kv = args.kv_heads * args.head_dim
-    per_block = batch * s // 2 * e * 2 * kv / tp + e * s // 2 * s + s // 2 * args.head_dim * 4
-    booleans = s // 2 * s
-    assert cp2.outside == cp1.outside and cp2.loss_backward == cp1.loss_backward
+    per_block = batch * s // 2 * e * 2 * kv / tp
+    once = e * s // 2 * s + s // 2 * args.head_dim * 4
+    assert cp2.outside - cp1.outside == once and cp2.loss_backward == cp1.loss_backward
     assert cp2.per_block_full - cp1.per_block_full == pytest.approx(per_block, abs=1)
     if ac == "none":
         assert cp2.blocks - cp1.blocks == pytest.approx(layers * per_block, abs=layers)
         assert cp2.recompute == cp1.recompute == 0
     else:  # checkpointed: the blocks keep no attention input; the recompute holds one block's
         assert cp2.blocks == cp1.blocks
-        assert cp2.recompute - cp1.recompute == pytest.approx(per_block + booleans, abs=1)
+        assert cp2.recompute - cp1.recompute == pytest.approx(per_block, abs=1)
 
 
-def test_block_causal_cp_shrinks_the_tokens_not_the_window_mask():
-    # At the same sequence, cp 8 divides every per-token term by 8 (the additive mask per
-    # block too: this rank's rows of it) but every rank still builds the window's whole
-    # boolean mask, batch x s x s bytes.
+def test_block_causal_cp_shrinks_the_tokens_and_the_mask():
+    # At the same sequence, cp 8 divides every per-token term by 8, and replaces the window's
+    # batch x s x s booleans by this rank's rows of the additive mask, e x batch x s/8 x s.
     args = dataclasses.replace(ARGS, attn_mask_type="block_causal")
-    s, batch = 8192, 2
+    e, s, batch = 2, 8192, 2
     cp8 = _estimate(args, seq=s, cp=8, ac="full", batch=batch)
     cp1 = _estimate(args, seq=s, cp=1, ac="full", batch=batch)
     window = batch * s * s
+    rows = e * batch * s // 8 * s + s // 8 * args.head_dim * 4
     assert cp8.blocks * 8 == cp1.blocks
-    assert (cp8.outside - window) * 8 == pytest.approx(cp1.outside - window, rel=1e-9)
+    assert (cp8.outside - rows) * 8 == pytest.approx(cp1.outside - window, rel=1e-9)
     assert cp8.loss_backward * 8 == cp1.loss_backward
 
 
@@ -92,14 +92,23 @@ def _saved_per_block(args: LlamaArgs, batch: int, seq: int, cp: int) -> int:
     if cp > 1:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cp)
         shards = SequenceShards(init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",)), "headtail")
-        apply_cp(list(model.layers.values()), shards)
+        apply_cp(model, list(model.layers.values()), shards)
         x, kwargs = shards.shard(tokens), {"tokens": tokens}
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     skip.add(model.freqs_cis.untyped_storage().data_ptr())
     saved: dict[int, int] = {}
     in_block = [False]
     block = model.layers["0"]
-    block.register_forward_pre_hook(lambda *_: in_block.__setitem__(0, True), prepend=True)
+
+    def enter(_block, args):
+        # The RoPE rows and the mask are made once per forward, before the blocks: the formula
+        # counts them outside the blocks.
+        for t in args[1:]:
+            if isinstance(t, torch.Tensor):
+                skip.add(t.untyped_storage().data_ptr())
+        in_block[0] = True
+
+    block.register_forward_pre_hook(enter, prepend=True)
     block.register_forward_hook(lambda *_: in_block.__setitem__(0, False))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
