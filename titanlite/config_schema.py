@@ -122,12 +122,19 @@ class Optimizer:
 
 @dataclass
 class LRScheduler:
-    warmup_steps: int = opt(200, "linear warmup steps", min=0)
+    warmup_steps: int = opt(
+        200, "linear warmup steps; the peak LR is reached at the last of them", min=0
+    )
     decay_ratio: float | None = opt(
         None, "fraction of steps spent decaying (WSD); None = all steps after warmup", min=0.0
     )
     decay_type: str = opt("linear", "decay shape", choices=["linear", "sqrt", "cosine"])
-    lr_min: float = opt(0.0, "final LR as a fraction of the peak", min=0.0)
+    lr_min: float = opt(
+        0.0,
+        "LR floor as a fraction of the peak; the decay reaches it one step after the last step "
+        "(as TorchTitan)",
+        min=0.0,
+    )
 
 
 @dataclass

@@ -35,21 +35,27 @@ def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
-    """Multiplier of the peak LR after `step` optimizer steps (0-based): linear warmup, a stable
-    phase, then decay to lr_min (warmup-stable-decay when decay_ratio is set)."""
-    warmup = cfg.warmup_steps
+    """Multiplier of the peak LR for the optimizer step with 0-based index `step`: linear warmup,
+    a stable phase, then decay towards lr_min (warmup-stable-decay when decay_ratio is set).
+
+    The same value at every step as TorchTitan (every release from 0.1.0 to 0.3.0), whose
+    [lr_scheduler] keys these are: warmup reaches the peak at its last step ((step + 1) /
+    warmup), and the decay counts one virtual step past the end, so the last step still
+    learns (lr_min + (1 - lr_min) / decay_steps of the peak under linear decay, not lr_min).
+    docs/performance.md shows the loss curves this gives next to TorchTitan's."""
+    # Too long a warmup or decay for the run (e.g. --training.steps 5 on a preset) is
+    # shortened, as TorchTitan does, rather than refused.
+    warmup = min(cfg.warmup_steps, total_steps)
     decay = (
         total_steps - warmup if cfg.decay_ratio is None else round(total_steps * cfg.decay_ratio)
     )
-    # A short run (e.g. --training.steps 5 on a preset) shortens the decay rather than failing.
-    decay = max(0, min(decay, total_steps - warmup))
-    stable_end = total_steps - decay
+    decay = min(decay, total_steps - warmup)
+    decay_start = total_steps + 1 - decay  # warmup + stable steps, with the virtual last step
     if step < warmup:
-        # (step + 1) / (warmup + 1): never zero, so the first step already learns.
-        return (step + 1) / (warmup + 1)
-    if step < stable_end or decay <= 0:
+        return (step + 1) / warmup
+    if step < decay_start:
         return 1.0
-    progress = min(1.0, (step - stable_end + 1) / decay)
+    progress = (step + 1 - decay_start) / decay
     if cfg.decay_type == "linear":
         shape = 1 - progress
     elif cfg.decay_type == "sqrt":

@@ -4,32 +4,96 @@ import pytest
 import torch
 
 from titanlite.config_schema import LRScheduler, Optimizer
-from titanlite.optim import build_optimizer, lr_factor
+from titanlite.optim import build_lr_scheduler, build_optimizer, lr_factor
 
 
-def test_warmup_stable_decay_linear():
-    cfg = LRScheduler(warmup_steps=10, decay_ratio=0.5, decay_type="linear", lr_min=0.1)
-    f = [lr_factor(s, 100, cfg) for s in range(100)]
-    assert f[0] == pytest.approx(1 / 11) and f[9] == pytest.approx(10 / 11)
-    assert all(x == 1.0 for x in f[10:50])  # stable phase
-    assert f[50] < 1.0 and f[-1] == pytest.approx(0.1)  # decays to lr_min
-    assert all(a >= b for a, b in zip(f[50:], f[51:]))
+# TorchTitan 0.3.0's own LRSchedulersContainer (LambdaLR), read back from the optimizer at each
+# of the steps; 0.1.0 to 0.2.2 compute the same values. (total steps, [lr_scheduler] keys, LRs
+# relative to the peak.) The first row is TorchTitan's llama3_debugmodel recipe over 20 steps.
+TORCHTITAN_SCHEDULES = [
+    (
+        20,
+        dict(warmup_steps=2, decay_ratio=0.8, decay_type="linear"),
+        [
+            0.5,
+            1.0,
+            1.0,
+            1.0,
+            1.0,
+            0.9375,
+            0.875,
+            0.8125,
+            0.75,
+            0.6875,
+            0.625,
+            0.5625,
+            0.5,
+            0.4375,
+            0.375,
+            0.3125,
+            0.25,
+            0.1875,
+            0.125,
+            0.0625,
+        ],
+    ),
+    (
+        10,
+        dict(warmup_steps=3, decay_type="cosine", lr_min=0.1),
+        [
+            1 / 3,
+            2 / 3,
+            1.0,
+            1.0,
+            0.9554359905560885,
+            0.8305704108364301,
+            0.6501344202803414,
+            0.44986557971965857,
+            0.26942958916356996,
+            0.14456400944391146,
+        ],
+    ),
+    (
+        8,
+        dict(warmup_steps=2, decay_ratio=0.5, decay_type="sqrt"),
+        [0.5, 1.0, 1.0, 1.0, 1.0, 0.5, 0.2928932188134524, 0.1339745962155614],
+    ),
+    # Too long a decay, then too long a warmup, for the run: both are shortened.
+    (5, dict(warmup_steps=2, decay_ratio=0.8), [0.5, 1.0, 1.0, 2 / 3, 1 / 3]),
+    (5, dict(warmup_steps=8), [0.2, 0.4, 0.6, 0.8, 1.0]),
+    (5, dict(warmup_steps=0), [1.0, 0.8, 0.6, 0.4, 0.2]),
+]
+
+
+@pytest.mark.parametrize("total, keys, expected", TORCHTITAN_SCHEDULES)
+def test_schedule_equals_torchtitans_at_every_step(total, keys, expected):
+    cfg = LRScheduler(**keys)
+    assert [lr_factor(s, total, cfg) for s in range(total)] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_scheduler_applies_the_factor_to_the_lr_of_each_step():
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, Optimizer(lr=8e-4))
+    sched = build_lr_scheduler(opt, LRScheduler(warmup_steps=2, decay_ratio=0.8), 20)
+    used = []
+    for _ in range(20):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert used == pytest.approx([8e-4 * f for f in TORCHTITAN_SCHEDULES[0][2]], rel=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["linear", "sqrt", "cosine"])
-def test_decay_shapes_end_at_lr_min(kind):
-    cfg = LRScheduler(warmup_steps=0, decay_type=kind, lr_min=0.0)
-    f = [lr_factor(s, 20, cfg) for s in range(20)]
-    assert f[-1] == pytest.approx(0.0, abs=1e-12)
-    mid = lr_factor(9, 20, cfg)
-    expected = {"linear": 0.5, "sqrt": 1 - math.sqrt(0.5), "cosine": 0.5}[kind]
-    assert mid == pytest.approx(expected)
-
-
-def test_short_run_shortens_decay_instead_of_failing():
-    cfg = LRScheduler(warmup_steps=2, decay_ratio=0.8)
-    f = [lr_factor(s, 5, cfg) for s in range(5)]
-    assert f[2] < 1.0 and f[-1] == pytest.approx(0.0)
+def test_decay_shapes_approach_lr_min(kind):
+    cfg = LRScheduler(warmup_steps=0, decay_type=kind, lr_min=0.25)
+    f = [lr_factor(s, 40, cfg) for s in range(40)]
+    assert f[0] == 1.0 and all(a > b for a, b in zip(f, f[1:]))
+    # One virtual step past the end: the last step is one decay step short of lr_min.
+    progress = 39 / 40
+    shape = {"linear": 1 - progress, "sqrt": 1 - math.sqrt(progress)}.get(
+        kind, 0.5 * (1 + math.cos(math.pi * progress))
+    )
+    assert f[-1] == pytest.approx(0.25 + 0.75 * shape) and f[-1] > 0.25
 
 
 @pytest.mark.parametrize("impl", ["fused", "foreach", "for-loop"])
