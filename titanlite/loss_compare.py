@@ -1,24 +1,33 @@
-"""Compare the metrics of two or more runs step by step, from their dump folders' metrics.jsonl.
+"""Compare the metrics of two or more runs step by step, from their dump folders' metrics.jsonl
+or TorchTitan training logs.
 
     python scripts/loss_compare.py RUN_A RUN_B [RUN...] [--metrics loss grad_norm]
-        [--assert-equal | --rtol R | --atol A] [--plot out.png]
+        [--assert-equal | --rtol R | --atol A] [--plot out.png] [--summary-steps 4 20]
 
 Each later run is compared with the first, on the steps every run logged. Prints each step's
 values and differences, and per metric the largest difference. With --assert-equal, --rtol or
 --atol, a training figure (loss, grad_norm, lr, val_loss) that differs by more than
 atol + rtol x |first run's value| exits 1 (for CI and bisecting); timing and memory figures are
 printed and plotted, never checked. A missing run, no common steps or an unknown metric exits 2.
+
+A run given as a TorchTitan console log (its train.log) is read by `torchtitan_log`, so the same
+recipe's curves sit side by side. --summary-steps prints, per run, the loss at those steps and
+the median tokens/s after --tps-warmup steps, then, per kind of run (TorchTitan, titanlite), the
+mean and range of each and whether the two kinds' ranges overlap: with one run per seed, that
+says whether the curves agree within the seed spread.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from titanlite.metrics_file import FILE, read_metrics
+from titanlite.torchtitan_log import is_torchtitan_log, read_torchtitan_log
 
 CHECKED = ("loss", "grad_norm", "lr", "val_loss")  # deterministic given the seed and layout
 _MAX_ROWS = 40  # steps printed in full; more are summarized
@@ -28,14 +37,28 @@ class UsageError(ValueError):
     pass
 
 
+def _file(path: Path) -> Path:
+    return path / FILE if path.is_dir() else path
+
+
 def load_run(path: Path) -> dict[int, dict[str, Any]]:
-    file = path / FILE if path.is_dir() else path
+    file = _file(path)
     if not file.is_file():
-        raise UsageError(f"{path}: no {FILE} there (give a run's job.dump_folder)")
-    records = read_metrics(file)
+        raise UsageError(
+            f"{path}: no {FILE} there (give a run's job.dump_folder or a TorchTitan train.log)"
+        )
+    records = read_torchtitan_log(file) if is_torchtitan_log(file) else read_metrics(file)
     if not records:
         raise UsageError(f"{file}: no step records")
     return records
+
+
+def split_label(arg: str) -> tuple[str | None, Path]:
+    """`NAME=PATH` names a run; a plain path is named by `labels`."""
+    name, sep, path = arg.partition("=")
+    if sep and name and "/" not in name and not Path(arg).exists():
+        return name, Path(path)
+    return None, Path(arg)
 
 
 def labels(paths: list[Path]) -> list[str]:
@@ -109,6 +132,54 @@ def compare(
     return sum(len(v) for v in bad.values())
 
 
+def summarize(
+    runs: list[dict[int, dict[str, Any]]],
+    names: list[str],
+    kinds: list[str],
+    at: list[int],
+    tps_warmup: int,
+    out: Any = sys.stdout,
+) -> None:
+    """Per run: the loss at each step of `at` and the median tps after `tps_warmup` steps; per
+    kind of run: the mean and range of each, and whether the kinds' loss ranges overlap."""
+    for s in at:
+        missing = [n for n, r in zip(names, runs) if r.get(s, {}).get("loss") is None]
+        if missing:
+            raise UsageError(f"no loss at step {s} in {', '.join(missing)}")
+    cols = [f"loss@{s}" for s in at] + [f"median tps (steps>{tps_warmup})"]
+    width = max(len(n) for n in names + ["run"])
+    print(f"\n{'run':<{width}}  {'kind':<9}  " + "  ".join(f"{c:>10}" for c in cols), file=out)
+    table: dict[str, list[list[float | None]]] = {}
+    for run, name, kind in zip(runs, names, kinds):
+        tps = [r["tps"] for s, r in run.items() if s > tps_warmup and r.get("tps")]
+        row: list[float | None] = [run[s]["loss"] for s in at]
+        row.append(statistics.median(tps) if tps else None)
+        table.setdefault(kind, []).append(row)
+        cells = [f"{v:.4f}" if v is not None else "n/a" for v in row[:-1]]
+        cells.append("n/a" if row[-1] is None else f"{row[-1]:,.0f}")
+        print(f"{name:<{width}}  {kind:<9}  " + "  ".join(f"{c:>10}" for c in cells), file=out)
+    ranges: dict[str, list[tuple[float, float]]] = {}
+    for kind, rows in table.items():
+        stats = []
+        for i, col in enumerate(cols):
+            values = [r[i] for r in rows if r[i] is not None]
+            if not values:
+                continue
+            lo, hi = min(values), max(values)
+            if i < len(at):
+                ranges.setdefault(kind, []).append((lo, hi))
+            stats.append(f"{col} {statistics.mean(values):.4g} [{lo:.4g}, {hi:.4g}]")
+        print(f"{kind} ({len(rows)} runs): mean [range] " + "; ".join(stats), file=out)
+    if len(ranges) == 2:
+        (a, ra), (b, rb) = ranges.items()
+        for s, (lo_a, hi_a), (lo_b, hi_b) in zip(at, ra, rb):
+            overlap = lo_a <= hi_b and lo_b <= hi_a
+            print(
+                f"loss@{s}: the {a} and {b} ranges {'overlap' if overlap else 'do not overlap'}",
+                file=out,
+            )
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "null"
@@ -117,21 +188,32 @@ def _fmt(v: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="loss_compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="dump folders (or metrics.jsonl files)")
+    ap.add_argument(
+        "runs",
+        nargs="+",
+        help="dump folders, metrics.jsonl files or TorchTitan logs, each optionally NAME=PATH",
+    )
     ap.add_argument("--metrics", nargs="+", default=["loss"], help="metrics.jsonl keys")
     ap.add_argument("--assert-equal", action="store_true", help="exit 1 unless exactly equal")
     ap.add_argument("--rtol", type=float, default=None, help="relative tolerance (implies a check)")
     ap.add_argument("--atol", type=float, default=None, help="absolute tolerance (implies a check)")
     ap.add_argument("--plot", type=Path, help="draw the metrics of every run into this PNG")
+    ap.add_argument("--summary-steps", nargs="+", type=int, help="summarize the loss at these")
+    ap.add_argument("--tps-warmup", type=int, default=3, help="steps left out of median tps")
     a = ap.parse_args(argv)
     if len(a.runs) < 2:
         ap.error("give at least two runs")
     check = a.assert_equal or a.rtol is not None or a.atol is not None
     tolerance = (a.rtol or 0.0, a.atol or 0.0) if check else None
     try:
-        runs = [load_run(p) for p in a.runs]
-        names = labels(a.runs)
+        given = [split_label(r) for r in a.runs]
+        paths = [p for _, p in given]
+        runs = [load_run(p) for p in paths]
+        names = [n or d for (n, _), d in zip(given, labels(paths))]
         bad = compare(runs, names, a.metrics, tolerance)
+        if a.summary_steps:
+            kinds = ["torchtitan" if is_torchtitan_log(_file(p)) else "titanlite" for p in paths]
+            summarize(runs, names, kinds, a.summary_steps, a.tps_warmup)
         if a.plot is not None:
             from titanlite.loss_plot import plot
 

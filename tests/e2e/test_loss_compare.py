@@ -106,3 +106,26 @@ def test_plot_draws_every_run_into_a_real_png(runs, tmp_path):
     import matplotlib.image
 
     assert matplotlib.image.imread(out).shape[:2] == (height, width)  # decodes as a PNG
+
+
+@pytest.mark.slow
+def test_a_torchtitan_log_sits_beside_titanlite_runs_with_a_summary(runs):
+    tt_log = ROOT / "tests" / "fixtures" / "torchtitan_logs" / "debugmodel_cpu_seed42.log"
+    proc = compare(
+        f"torchtitan={tt_log}",
+        f"mine={runs['a']}",
+        f"double_lr={runs['b']}",
+        *("--metrics", "loss", "grad_norm", "--summary-steps", "2", str(STEPS)),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0].split()[1:4] == ["loss[torchtitan]", "loss[mine]", "loss[double_lr]"]
+    mine = read_jsonl(runs["a"] / "metrics.jsonl")
+    row4 = out[STEPS].split()
+    # TorchTitan's step 4 (its log prints 5 decimals), this run's, and their difference.
+    assert [float(x) for x in row4[:3]] == pytest.approx([STEPS, 5.79904, mine[3]["loss"]])
+    assert float(row4[7]) == pytest.approx(mine[3]["loss"] - 5.79904, rel=1e-3)  # 4 digits
+    assert f"{STEPS} common steps (1-{STEPS}); torchtitan lacks" not in proc.stdout
+    summary = proc.stdout[proc.stdout.index("median tps") :]
+    assert "torchtitan (1 runs)" in summary and "titanlite (2 runs)" in summary
+    assert f"loss@{STEPS}: the torchtitan and titanlite ranges" in summary
