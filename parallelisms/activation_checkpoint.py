@@ -1,5 +1,7 @@
-"""Activation checkpointing of transformer blocks: none, full, or selective (every N-th block,
-or per operator: keep the expensive outputs, recompute the cheap ones)."""
+"""Activation checkpointing of transformer blocks: none, full, selective (every N-th block, or
+per operator: keep the expensive outputs, recompute the cheap ones), or memory_budget
+(torch.compile's min-cut partitioner chooses what to recompute so that each compiled block keeps
+at most a given fraction of its activations)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ from collections import defaultdict
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    ActivationWrapper,
+    checkpoint_wrapper,
+)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 # Outputs worth keeping: they are the costly ones to recompute (matmuls, attention) or need
@@ -39,14 +44,45 @@ def _op_policy_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_ac(blocks: dict[str, nn.Module], mode: str, option: str) -> dict[str, nn.Module]:
+class MemoryBudgetWrapper(ActivationWrapper):
+    """A block whose compiled graph the min-cut partitioner splits under `budget`: 0 keeps only
+    the graph's inputs (recompute everything, as full AC), 1 its default runtime-optimal choice,
+    b in between at most b of the way from the one to the other in saved bytes.
+
+    The budget is an annotation on the traced forward (torch 2.13's
+    `region_activation_memory_budget`) rather than the process-global
+    `torch._functorch.config.activation_memory_budget` that TorchTitan sets: it is read when the
+    graph is compiled, lazily, so a global would apply whatever value is set at that moment (to
+    every graph, the loss's too), whereas the annotation belongs to this block's graph and is
+    part of what dynamo guards and the compile caches key on. Only valid under torch.compile
+    (torch raises in eager). Subclassing ActivationWrapper keeps the parameter and checkpoint
+    names of the other AC modes."""
+
+    def __init__(self, module: nn.Module, budget: float):
+        super().__init__(module)
+        # Kept as text: dynamo would turn a float attribute that differs between two traces of
+        # this code (two models in one process) into a symbolic float, which the annotation
+        # cannot take; a string is always specialized, so each budget gets its own graph.
+        self._budget = repr(float(budget))
+
+    def forward(self, *args, **kwargs):
+        with torch.autograd.graph.region_activation_memory_budget(float(self._budget)):
+            return self._checkpoint_wrapped_module(*args, **kwargs)
+
+
+def apply_ac(
+    blocks: dict[str, nn.Module], mode: str, option: str, memory_budget: float = 1.0
+) -> dict[str, nn.Module]:
     """Return the blocks, wrapped as `mode` asks ("none" / "full" / "selective" with `option`
-    either "op" or an integer N meaning every N-th block)."""
+    either "op" or an integer N meaning every N-th block / "memory_budget" with `memory_budget`
+    in [0, 1], for blocks that are then compiled)."""
     if mode == "none":
         return blocks
     wrapped = {}
     for i, (name, block) in enumerate(blocks.items()):
-        if mode == "full":
+        if mode == "memory_budget":
+            block = MemoryBudgetWrapper(block, memory_budget)
+        elif mode == "full":
             block = checkpoint_wrapper(block, preserve_rng_state=False)
         elif option == "op":
             block = checkpoint_wrapper(

@@ -17,6 +17,11 @@ def apply_compile(blocks: list[nn.Module], graphs_hold_collectives: bool) -> Non
 
         inductor_config.fx_graph_cache = False
         functorch_config.enable_autograd_cache = False
+        # Such graphs take the device mesh and process group as inputs, opaque objects whose
+        # size the min-cut partitioner refuses to guess when it weighs a memory budget between
+        # 0 and 1 ("Cannot compute the size of FakeScriptObject", seen with TP); they are
+        # references to communicators and hold no activations, so zero is their true size.
+        functorch_config.unsafe_treat_script_objects_as_zero_size = True
     # Module.compile() compiles in place, so parameter names (and checkpoints) stay unchanged.
     for block in blocks:
         block.compile(fullgraph=True)

@@ -17,6 +17,7 @@ class ParallelizeOptions:
     async_tp: bool = False
     ac_mode: str = "none"
     ac_option: str = "op"
+    ac_memory_budget: float = 1.0  # read under ac_mode "memory_budget" (needs compile)
     compile: bool = False
     param_dtype: torch.dtype = torch.float32
     reduce_dtype: torch.dtype = torch.float32

@@ -127,6 +127,14 @@ def spawn(fn, world_size: int, *args) -> None:
     )
 
 
+def tiny_llama_args(**overrides):
+    """A 2-block Llama of dim 64 over 256 token ids and 64 positions: cheap to run and compile."""
+    from models.llama import LlamaArgs
+
+    shape = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, max_seq_len=64)
+    return LlamaArgs(**{**shape, "bos_id": 0, "rope_scaling": None, **overrides})
+
+
 def make_hf_llama(
     folder: Path,
     *,

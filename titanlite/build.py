@@ -66,6 +66,7 @@ def parallelize_options(job: JobConfig, dims: ParallelDims, device_type: str) ->
         async_tp=p.enable_async_tensor_parallel,
         ac_mode=ac.mode,
         ac_option=ac.selective_ac_option,
+        ac_memory_budget=ac.memory_budget,
         compile=t.compile,
         param_dtype=DTYPES[t.mixed_precision_param],
         reduce_dtype=DTYPES[t.mixed_precision_reduce],

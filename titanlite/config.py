@@ -165,6 +165,9 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
     low = meta.get("min")
     if low is not None and value is not None and value < low:
         raise ConfigError(f"{where} = {value!r}: must be >= {low}")
+    high = meta.get("max")
+    if high is not None and value is not None and value > high:
+        raise ConfigError(f"{where} = {value!r}: must be <= {high}")
     if meta.get("unsupported") and value != _default(fields[key]):
         raise ConfigError(
             f"{where} = {value!r}: not supported by titanlite yet; remove it or set it back to "
@@ -356,6 +359,11 @@ def validate(cfg: JobConfig) -> None:
                 f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r}: "
                 "expected a positive integer (every N-th block) or 'op'"
             )
+    if ac.mode == "memory_budget" and not t.compile:
+        raise ConfigError(
+            "[activation_checkpoint] mode = 'memory_budget' is torch.compile's choice of what to "
+            "recompute and needs training.compile = true (or pick mode 'full' or 'selective')"
+        )
     f8 = cfg.float8
     if (
         "float8" in cfg.model.converters

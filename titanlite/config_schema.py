@@ -2,9 +2,9 @@
 
 Section and key names follow TorchTitan's TOML-era schema wherever the concept is the same, so
 that a TorchTitan Llama 3 TOML loads unchanged apart from file paths. Field metadata drives the
-loader (`titanlite.config`): `choices`, `min`, and `unsupported`, which names a value beyond the
-default that titanlite does not implement yet (the loader refuses it with a clear error rather
-than silently ignoring it).
+loader (`titanlite.config`): `choices`, `min`, `max`, and `unsupported`, which names a value
+beyond the default that titanlite does not implement yet (the loader refuses it with a clear
+error rather than silently ignoring it).
 """
 
 from __future__ import annotations
@@ -282,8 +282,19 @@ class Checkpoint:
 
 @dataclass
 class ActivationCheckpoint:
-    mode: str = opt("selective", "recompute activations", choices=["none", "selective", "full"])
+    mode: str = opt(
+        "selective",
+        "recompute activations; memory_budget lets torch.compile choose (needs training.compile)",
+        choices=["none", "selective", "full", "memory_budget"],
+    )
     selective_ac_option: str = opt("2", "an integer N (every N-th block) or 'op'")
+    memory_budget: float = opt(
+        0.5,
+        "under mode memory_budget, the fraction of each block's activations beyond its inputs "
+        "that compile may keep: 0 recomputes all (as full), 1 keeps what compile would anyway",
+        min=0.0,
+        max=1.0,
+    )
 
 
 @dataclass

@@ -123,6 +123,7 @@ class Plan:
     cp: int = 1  # context-parallel degree: ranks that share each sequence
     tokens_per_rank: int = 0  # tokens of a micro-batch this rank holds (seq / cp of each sequence)
     context_parallel: str = ""  # how the sequence is cut, under context parallel
+    memory_budget: str = ""  # the budget and what the plan assumes, under AC by memory budget
     # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
     # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
     headroom: int = 0
@@ -149,6 +150,8 @@ class Plan:
         lines += [
             f"  FLOPs per step       {self.flops_per_step:.3e}",
         ]
+        if self.memory_budget:
+            lines.append("  " + self.memory_budget)
         if self.float8:
             lines += ["  " + line for line in self.float8.splitlines()]
         if self.pipeline:
@@ -234,6 +237,7 @@ def plan(
         loss_parallel=opts.loss_parallel,
         ac_mode=opts.ac_mode,
         ac_option=opts.ac_option,
+        memory_budget=opts.ac_memory_budget,
         compute_bytes=compute_bytes,
         blocks_held=blocks_held,
         has_output=has_output,
@@ -272,6 +276,13 @@ def plan(
             f"({job.parallelism.context_parallel_load_balancer} cut): {per_rank:,} tokens per "
             f"rank of the micro-batch's {batch * t.seq_len:,}"
         )
+    memory_budget = ""
+    if opts.ac_mode == "memory_budget":
+        memory_budget = (
+            f"activation memory    budget {opts.ac_memory_budget:g} (compiled min-cut): each "
+            f"block planned to keep its input and {opts.ac_memory_budget:g} of its other "
+            "activations (an upper bound)"
+        )
     return Plan(
         world_size=world_size,
         rank=rank,
@@ -292,6 +303,7 @@ def plan(
         cp=dims.cp,
         tokens_per_rank=per_rank,
         context_parallel=context_parallel,
+        memory_budget=memory_budget,
     )
 
 

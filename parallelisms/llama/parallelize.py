@@ -56,8 +56,11 @@ def parallelize_llama(
     if opts.sequence_shards is not None:
         apply_cp(model, list(layers.values()), opts.sequence_shards)
 
+    if opts.ac_mode == "memory_budget" and not opts.compile:
+        raise ValueError("activation checkpointing by memory budget needs compile")
     if opts.ac_mode != "none":
-        for name, block in apply_ac(dict(layers.items()), opts.ac_mode, opts.ac_option).items():
+        blocks = apply_ac(dict(layers.items()), opts.ac_mode, opts.ac_option, opts.ac_memory_budget)
+        for name, block in blocks.items():
             layers.register_module(name, block)
 
     if opts.compile:

@@ -123,6 +123,19 @@ def test_pipeline_plans_show_every_stage(preset, world, degrees, mesh, stages):
     assert f"in flight            {stages} (micro-batch, stage)" in out  # rank 0: pp forwards
 
 
+def test_memory_budget_plan_lies_between_full_and_no_checkpointing():
+    # Llama 3 8B on 8 ranks at the default budget 0.5: the saved block activations are planned
+    # halfway from full checkpointing's to none's (titanlite/activation_memory.py), the rest of
+    # the plan is unchanged, and the plan says which budget it assumed.
+    base = ["--config", "llama_8b.toml", "--training.compile", "--activation_checkpoint.mode"]
+    plans = {m: plan(config.load([*base, m]), 8) for m in ("full", "memory_budget", "none")}
+    assert "activation memory    budget 0.5 (compiled min-cut)" in plans["memory_budget"].render()
+    saved = {m: p.bytes["activations (saved)"] for m, p in plans.items()}
+    assert saved["memory_budget"] == pytest.approx((saved["full"] + saved["none"]) / 2, abs=32)
+    for key in ("parameters", "gradients", "optimizer", "FSDP unsharded params/grads"):
+        assert plans["memory_budget"].bytes[key] == plans["full"].bytes[key]
+
+
 def test_float8_plan_builds_the_nccl_only_paths():
     # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
     # cluster builds them on meta tensors, which is as far as a CPU machine can take them.

@@ -98,6 +98,22 @@ LAYOUTS = {
         ],
     ),
     "fsdp2_compile": (2, ["--training.local_batch_size", "4", "--training.compile"]),
+    # Compile chooses what each block recomputes under a budget strictly between 0 and 1, where
+    # the partitioner weighs every graph input (the TP graphs' device mesh and process group too).
+    "fsdp2_tp2_memory_budget": (
+        4,
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--training.compile",
+            "--activation_checkpoint.mode",
+            "memory_budget",
+            "--activation_checkpoint.memory_budget",
+            "0.3",
+        ],
+    ),
     "fsdp2_tp2_compile": (
         4,
         [

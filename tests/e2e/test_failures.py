@@ -269,6 +269,11 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
             [*dump, "--model.attn_mask_type", "causal", "--model.rope_positions", "document"],
             {},
         ),
+        "budget_no_compile": ([*dump, "--activation_checkpoint.mode", "memory_budget"], {}),
+        "budget_range": (
+            [*dump, "--training.compile", "--activation_checkpoint.memory_budget", "-0.1"],
+            {},
+        ),
     }
     got = in_pairs(cases)
     expect(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
@@ -286,6 +291,8 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect(got["hf_column"], 2, "no column 'text' (columns: id, body); set the text field")
     expect(got["hf_dict"], 2, "is a Hugging Face DatasetDict (splits: train); point it at")
     expect(got["rope_causal"], 2, "rope_positions = 'document' needs attn_mask_type")
+    expect(got["budget_no_compile"], 2, "mode = 'memory_budget'", "needs training.compile = true")
+    expect(got["budget_range"], 2, "[activation_checkpoint] memory_budget = -0.1: must be >= 0.0")
     no_tracebacks(got)
     assert a_file.read_text() == "x"  # nothing overwritten
 

@@ -6,20 +6,12 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import tiny_llama_args
 
 from models.llama import LlamaArgs, Transformer
 from titanlite.activation_memory import estimate_activations
 
-ARGS = LlamaArgs(
-    dim=64,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    vocab_size=256,
-    max_seq_len=64,
-    bos_id=0,
-    rope_scaling=None,
-)
+ARGS = tiny_llama_args()
 
 
 def _estimate(args: LlamaArgs, *, seq: int, cp: int, tp: int = 1, ac: str = "none", batch=2):
@@ -142,3 +134,31 @@ def test_cp_terms_match_what_torch_saves(mask):
         - estimate_activations(args, seq_len=seq // 2, cp=1, compute_bytes=4, **kw).per_block_full
     )
     assert measured > 0 and formula == measured
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_memory_budget_runs_from_full_at_0_to_none_at_1(tp):
+    # The budget's bound (titanlite/activation_memory.py, measured in test_memory_budget.py):
+    # budget 0 is full AC, 1 is no AC, and the blocks' share moves linearly in between.
+    args = dataclasses.replace(ARGS, attn_mask_type="block_causal")
+
+    def estimate(mode: str, budget: float = 1.0):
+        return estimate_activations(
+            args,
+            local_batch_size=2,
+            seq_len=512,
+            tp=tp,
+            loss_parallel=True,
+            ac_mode=mode,
+            ac_option="op",
+            compute_bytes=2,
+            memory_budget=budget,
+        )
+
+    full, none = estimate("full"), estimate("none")
+    assert estimate("memory_budget", 0.0) == full
+    assert estimate("memory_budget", 1.0) == none
+    quarter = estimate("memory_budget", 0.25)
+    assert quarter.blocks == pytest.approx(full.blocks + 0.25 * (none.blocks - full.blocks), abs=1)
+    assert quarter.recompute == pytest.approx(0.75 * full.recompute, abs=1)
+    assert quarter.outside == full.outside

@@ -169,6 +169,17 @@ def test_torchtitan_toml_loads_unchanged(tmp_path):
             "global_batch_size = 12 is not a multiple of local_batch_size = 8",
         ),
         ("", ["--lr_scheduler.decay_ratio", "1.5"], "decay_ratio = 1.5: must be within [0, 1]"),
+        (
+            "",
+            ["--activation_checkpoint.memory_budget", "1.5"],
+            "[activation_checkpoint] memory_budget = 1.5: must be <= 1.0",
+        ),
+        (
+            "",
+            ["--activation_checkpoint.mode", "memory_budget"],
+            "mode = 'memory_budget' is torch.compile's choice of what to recompute and needs "
+            "training.compile = true",
+        ),
         ("[training\n", [], "not valid TOML"),
         ("", ["--training.steps"], "--training.steps needs a value"),
     ],
