@@ -162,7 +162,7 @@ def summarize(
     for kind, rows in table.items():
         stats = []
         for i, col in enumerate(cols):
-            values = [r[i] for r in rows if r[i] is not None]
+            values = [v for r in rows if (v := r[i]) is not None]
             if not values:
                 continue
             lo, hi = min(values), max(values)

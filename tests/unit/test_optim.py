@@ -6,7 +6,6 @@ import torch
 from titanlite.config_schema import LRScheduler, Optimizer
 from titanlite.optim import build_lr_scheduler, build_optimizer, lr_factor
 
-
 # TorchTitan 0.3.0's own LRSchedulersContainer (LambdaLR), read back from the optimizer at each
 # of the steps; 0.1.0 to 0.2.2 compute the same values. (total steps, [lr_scheduler] keys, LRs
 # relative to the peak.) The first row is TorchTitan's llama3_debugmodel recipe over 20 steps.
