@@ -5,7 +5,7 @@
 
 The driver checks the config for N ranks first (a mistake is one line and exit code 2, and Ray is
 not started), then Ray Train's `TorchTrainer` places N workers and makes their process group;
-each worker runs titanlite's own entry point (`titanlite.cli.main`) on that group, so the
+each worker runs titanlite's own entry point (`titanlite.cli`) on that group, so the
 training, its checkpoints and its metrics are those of `./run_train.sh` with the same config.
 A worker that crashes or dies makes Ray restart the whole group (`FailureConfig`, up to K times),
 and the new group resumes from the latest checkpoint in the dump folder. See docs/ray.md.
@@ -30,7 +30,6 @@ def worker(ctx: dict[str, Any]) -> tuple[int, str]:
     exit code and, when it is not 0, the last line this rank printed (the reason)."""
     from titanlite import cli
     from titanlite.logging import init_logger, logger
-    from titanlite.rank import _LastLine
 
     # Ray moves each worker into a folder of its own; relative paths in the config (the dump
     # folder, data) mean what they mean to the driver, as with run_train.sh.
@@ -40,13 +39,10 @@ def worker(ctx: dict[str, Any]) -> tuple[int, str]:
     if os.environ.get("RANK", "0") not in ctx["log_ranks"]:
         # run_train.sh's LOG_RANK: the other ranks say only what goes wrong.
         logger.setLevel(logging.WARNING)
-    stderr = _LastLine(sys.stderr)
-    sys.stderr = stderr
-    try:
-        code = cli.main(ctx["argv"])
-    finally:
-        sys.stderr = stderr.inner
-    return code, stderr.last_line() if code else ""
+    code, line = cli.outcome(ctx["argv"])
+    if line:
+        print(line, file=sys.stderr)
+    return code, line
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, SHORT_RUN, SHORT_RUN_STEPS, clean_env, losses_by_step
+from helpers import (
+    DEBUG_CONFIG,
+    ROOT,
+    SHORT_RUN,
+    SHORT_RUN_STEPS,
+    clean_env,
+    resumed_step_and_same_losses,
+    run_python,
+    wait_for_step,
+)
 
 from titanlite.checkpoint_storage import complete_steps
 
@@ -22,14 +31,8 @@ pytest.importorskip("ray.train", reason="the ray extra (pip install -e '.[ray]')
 SCRIPT = str(ROOT / "scripts" / "ray_train.py")
 
 
-def ray_env() -> dict[str, str]:
-    env = clean_env()
-    env.pop("RAY_ADDRESS", None)  # always a private local instance, never a cluster
-    return env
-
-
 def descendants(pid: int) -> list[int]:
-    children = {}
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
@@ -58,57 +61,38 @@ def ray_train_workers(driver: int) -> list[int]:
 def test_two_ray_workers_match_torchrun_and_resume_after_one_is_killed(
     two_rank_reference, tmp_path
 ):
+    args = ["--num-workers", "2", "--max-failures", "1", *SHORT_RUN, "--checkpoint.interval", "2"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            SCRIPT,
-            "--num-workers",
-            "2",
-            "--max-failures",
-            "1",
-            *SHORT_RUN,
-            "--checkpoint.interval",
-            "2",
-            "--job.dump_folder",
-            str(tmp_path),
-        ],
+        [sys.executable, SCRIPT, *args, "--job.dump_folder", str(tmp_path)],
         cwd=ROOT,
-        env=ray_env(),
+        env=clean_env(),
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # the local Ray instance's processes go with the driver
     )
     try:
-        deadline = time.time() + 300
-        while not complete_steps(tmp_path / "checkpoint"):
-            assert proc.poll() is None, proc.communicate()[0][-4000:]
-            assert time.time() < deadline, "no checkpoint in time"
-            time.sleep(0.05)
+        wait_for_step(tmp_path, 1, proc, timeout=300)
         workers = ray_train_workers(proc.pid)
         assert len(workers) == 2, workers
         saved = complete_steps(tmp_path / "checkpoint")[-1]
         os.kill(workers[0], signal.SIGKILL)  # as the OOM killer or a lost node would
         killed_at = time.time()
-        out = proc.communicate(timeout=300)[0]
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            out = proc.communicate(timeout=30)[0]
-            print(out[-6000:])
-    assert proc.returncode == 0, out[-4000:]
+            out, err = proc.communicate(timeout=30)
+            print(err[-6000:])
+    assert proc.returncode == 0, err[-4000:]
     assert saved < SHORT_RUN_STEPS, "the run was over before the kill"
-    assert "[FailurePolicy] RETRY" in out, out[-4000:]  # Ray's decision, in its own words
-    resumed = [ln for ln in out.splitlines() if "resuming at step" in ln]
-    assert len(resumed) == 1, out[-4000:]
-    assert int(resumed[0].rsplit(" ", 1)[1]) >= saved
-    got = losses_by_step(tmp_path)
-    assert sorted(got) == list(range(1, SHORT_RUN_STEPS + 1))
-    # Every step, the re-done ones included, equals the torchrun run bit for bit.
-    assert all(got[s] == two_rank_reference[s] for s in got), (got, two_rank_reference)
+    log = out + err
+    assert "[FailurePolicy] RETRY" in log, log[-4000:]  # Ray's decision, in its own words
+    # The steps after the checkpoint were trained twice, the same both times.
+    assert resumed_step_and_same_losses(log, tmp_path, two_rank_reference) >= saved
     print(
-        f"worker killed after step-{saved} was saved; {resumed[0].split('INFO ')[-1]}; "
-        f"restarted group done {time.time() - killed_at:.1f}s after the kill"
+        f"worker killed after step-{saved} was saved; restarted group done "
+        f"{time.time() - killed_at:.1f}s after the kill"
     )
 
 
@@ -117,9 +101,8 @@ def test_mistakes_stop_in_the_driver_with_one_line_before_ray_starts(tmp_path):
         (["--parallelism.tensor_parallel_degree", "3"], "tensor_parallel_degree"),
         (["--num-workers", "0"], "--num-workers 0: expected at least 1"),
     ]:
-        proc = subprocess.run(
+        proc = run_python(
             [
-                sys.executable,
                 SCRIPT,
                 "--num-workers",
                 "2",
@@ -129,10 +112,6 @@ def test_mistakes_stop_in_the_driver_with_one_line_before_ray_starts(tmp_path):
                 str(tmp_path),
                 *extra,
             ],
-            cwd=ROOT,
-            env=ray_env(),
-            capture_output=True,
-            text=True,
             timeout=120,
         )
         assert proc.returncode == 2, proc.stderr[-3000:]
@@ -162,14 +141,7 @@ t = threading.Thread(target=lambda: out.append(worker(
 t.start(); t.join()
 print("RESULT", out[0][0], out[0][1])
 """
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python(["-c", code], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
     assert result.startswith("RESULT 3 titanlite: error: step 3: the gradient norm is nan"), result
