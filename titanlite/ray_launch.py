@@ -27,7 +27,7 @@ DEFAULT_CONFIG = "debug_model.toml"
 def worker(ctx: dict[str, Any]) -> tuple[int, str]:
     """One Ray Train worker: titanlite's entry point on the group Ray made (RANK, WORLD_SIZE,
     LOCAL_RANK and MASTER_ADDR/PORT are set, the default process group exists). Returns the
-    exit code and, when it is not 0, the last line this rank printed (the reason)."""
+    exit code and, when it is not 0, the one line that says why (also printed here)."""
     from titanlite import cli
     from titanlite.logging import init_logger, logger
 
@@ -155,8 +155,8 @@ def main(argv: list[str]) -> int:
     except ray.train.TrainingFailedError as e:
         ray.shutdown()  # Ray's own report of the failure is printed before our line
         print(
-            f"titanlite: error: Ray Train stopped the run after {args.max_failures} "
-            f"restart(s): {_reason(e)}",
+            f"titanlite: error: Ray Train stopped the run (--max-failures {args.max_failures}): "
+            f"{_reason(e)}",
             file=sys.stderr,
         )
         return 1
