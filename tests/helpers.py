@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +46,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Set by a launcher around the tests; RAY_ADDRESS too: the Ray tests start a private local
+# instance, never a user's cluster.
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS")
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
 
@@ -85,6 +87,39 @@ def run_script(
         text=True,
         timeout=timeout,
     )
+
+
+def run_python(args: list[str], timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def wait_for_step(folder: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `folder` holds a complete checkpoint of `step` or later (the run still going)."""
+    from titanlite.checkpoint_storage import complete_steps
+
+    deadline = time.time() + timeout
+    while not any(s >= step for s in complete_steps(folder / "checkpoint")):
+        assert proc.poll() is None, f"run ended early: {proc.communicate()[1][-3000:]}"
+        assert time.time() < deadline, "no checkpoint in time"
+        time.sleep(0.05)
+
+
+def resumed_step_and_same_losses(log: str, folder: Path, reference: dict[int, float]) -> int:
+    """After a restart: the one step the run resumed at, having checked that every step, the
+    re-done ones included, equals the uninterrupted run bit for bit."""
+    resumed = [ln for ln in log.splitlines() if "resuming at step" in ln]
+    assert len(resumed) == 1, log[-4000:]
+    got = losses_by_step(folder)
+    assert sorted(got) == sorted(reference)
+    assert all(got[s] == reference[s] for s in got), (got, reference)
+    return int(resumed[0].rsplit(" ", 1)[1])
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -23,6 +23,15 @@ from titanlite.train import Trainer
 
 
 def main(argv: list[str]) -> int:
+    code, line = outcome(argv)
+    if line:  # last, after anything training logged
+        print(line, file=sys.stderr)
+    return code
+
+
+def outcome(argv: list[str]) -> tuple[int, str]:
+    """Train; the exit code and, unless all went well, the one line that says why (for a
+    launcher that reports it itself, such as titanlite/ray_launch.py)."""
     launch_start = time.perf_counter()
     init_logger()
     # First: a preemption notice during start-up must not kill the process (the default action
@@ -31,20 +40,18 @@ def main(argv: list[str]) -> int:
     try:
         return _run(argv, stop, launch_start)
     except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one during training
-        print(
+        return (
+            INTERRUPTED_EXIT_CODE,
             "titanlite: interrupted: stopped at once; training since the latest checkpoint is "
             "not saved",
-            file=sys.stderr,
         )
-        return INTERRUPTED_EXIT_CODE
 
 
-def _fail(error: BaseException, code: int) -> int:
-    print(f"titanlite: error: {error}", file=sys.stderr)
-    return code
+def _fail(error: BaseException, code: int) -> tuple[int, str]:
+    return code, f"titanlite: error: {error}"
 
 
-def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
+def _run(argv: list[str], stop: StopRequest, launch_start: float) -> tuple[int, str]:
     try:
         job, pre = preflight.run(argv, distributed.launched_world_size())
     except preflight.user_errors() as e:
@@ -73,7 +80,7 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
     finally:
         if not interrupted:
             trainer.close()  # background saves of good steps complete first
-    if failure is not None:  # printed last, after anything close() logs
+    if failure is not None:  # said last, after anything close() logs
         return _fail(*failure)
     if trainer.preempted:
         # After close(): the checkpoint is complete on every rank before SLURM (which a
@@ -81,8 +88,8 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> int:
         if trainer.preempted != signal.SIGINT and job.job.requeue_on_preemption:
             if os.environ.get("RANK", "0") == "0":
                 requeue_slurm_job()
-        print(f"titanlite: {trainer.stop_message}", file=sys.stderr)
-    return exit_code_for(trainer.preempted) if trainer.preempted else 0
+        return exit_code_for(trainer.preempted), f"titanlite: {trainer.stop_message}"
+    return 0, ""
 
 
 def cli() -> None:

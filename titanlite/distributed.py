@@ -36,7 +36,13 @@ def launched_world_size() -> int:
 
 def init(timeout_seconds: int) -> torch.device:
     """Create the default process group. Without torchrun, a one-process group on an in-memory
-    store, so single-process runs go through exactly the same code."""
+    store, so single-process runs go through exactly the same code. A group that a launcher has
+    already made (Ray Train's TorchTrainer, see titanlite/ray_launch.py) is used as it is."""
+    if dist.is_initialized():
+        # The launcher has chosen this rank's GPU too (torch.cuda.set_device); its choice holds.
+        if device_type() == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,9 +45,15 @@ class StopRequest:
         self.signum = 0
         self._interrupted_at: float | None = None
         self._flag = torch.zeros(1, dtype=torch.int32)
-        # SIGUSR1 at once: SLURM's notice may come during start-up (it would kill the process);
-        # it is honoured after the first step.
-        self._previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._handle)}
+        self._previous: dict[int, Any] = {}
+        # Python installs handlers only from the main thread. Ray Train runs the trainer in a
+        # thread of its worker process; there no signal reaches it, and a stop is Ray's: it ends
+        # the worker group, which restarts from the latest checkpoint (docs/ray.md).
+        self._handles_signals = threading.current_thread() is threading.main_thread()
+        if self._handles_signals:
+            # SIGUSR1 at once: SLURM's notice may come during start-up (it would kill the
+            # process); it is honoured after the first step.
+            self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._handle)
 
     def arm(self) -> None:
         """SIGTERM only from the first step on. A Python handler runs only between bytecodes,
@@ -54,7 +62,7 @@ class StopRequest:
         SIGTERM, would have to wait for its SIGKILL. With nothing to save yet, the default
         action (die now) is right. Likewise SIGINT: before the first step Ctrl-C simply
         interrupts (main turns the KeyboardInterrupt into one line)."""
-        for s in (signal.SIGTERM, signal.SIGINT):
+        for s in (signal.SIGTERM, signal.SIGINT) if self._handles_signals else ():
             self._previous[s] = signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame) -> None:

@@ -10,7 +10,17 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, SHORT_RUN, SHORT_RUN_STEPS, check, clean_env, free_port, losses_by_step
+from helpers import (
+    ROOT,
+    SHORT_RUN,
+    SHORT_RUN_STEPS,
+    check,
+    clean_env,
+    free_port,
+    losses_by_step,
+    resumed_step_and_same_losses,
+    wait_for_step,
+)
 
 from titanlite.checkpoint_storage import complete_steps, verify
 from titanlite.preemption import PREEMPTED_EXIT_CODE
@@ -51,14 +61,6 @@ def workers(folder) -> dict[int, int]:
         if b"LOCAL_RANK" in env:
             found[int(env[b"LOCAL_RANK"])] = pid
     return found
-
-
-def wait_for_step(folder, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while not any(s >= step for s in complete_steps(folder / "checkpoint")):
-        assert proc.poll() is None, f"run ended early: {proc.communicate()[1][-3000:]}"
-        assert time.time() < deadline, "no checkpoint in time"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -154,15 +156,8 @@ def test_sigkill_of_one_rank_restarts_the_group_from_the_latest_checkpoint(
             out, err = proc.communicate(timeout=30)
             print(err[-6000:])
     assert proc.returncode == 0, err[-4000:]
-    log = out + err
-    resumed = [ln for ln in log.splitlines() if "resuming at step" in ln]
-    assert len(resumed) == 1, log[-4000:]
-    step = int(resumed[0].rsplit(" ", 1)[1])
+    step = resumed_step_and_same_losses(out + err, tmp_path, two_rank_reference)
     assert step >= 4 and step % 4 == 0
-    got = losses(tmp_path)
-    assert sorted(got) == list(range(1, STEPS + 1))
-    # Every step, the re-done ones included, equals the uninterrupted run bit for bit.
-    assert all(got[s] == two_rank_reference[s] for s in got), (got, two_rank_reference)
     print(
         f"SIGKILL after step-{step} was saved; restarted group done "
         f"{time.time() - killed_at:.1f}s after the kill"
