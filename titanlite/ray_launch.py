@@ -27,7 +27,8 @@ DEFAULT_CONFIG = "debug_model.toml"
 def worker(ctx: dict[str, Any]) -> tuple[int, str]:
     """One Ray Train worker: titanlite's entry point on the group Ray made (RANK, WORLD_SIZE,
     LOCAL_RANK and MASTER_ADDR/PORT are set, the default process group exists). Returns the
-    exit code and, when it is not 0, the one line that says why (also printed here)."""
+    exit code and, when it is not 0, the one line that says why: the driver prints rank 0's,
+    last (every rank printing it too would repeat it, prefixed, in the driver's output)."""
     from titanlite import cli
     from titanlite.logging import init_logger, logger
 
@@ -39,10 +40,7 @@ def worker(ctx: dict[str, Any]) -> tuple[int, str]:
     if os.environ.get("RANK", "0") not in ctx["log_ranks"]:
         # run_train.sh's LOG_RANK: the other ranks say only what goes wrong.
         logger.setLevel(logging.WARNING)
-    code, line = cli.outcome(ctx["argv"])
-    if line:
-        print(line, file=sys.stderr)
-    return code, line
+    return cli.outcome(ctx["argv"])
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
