@@ -55,7 +55,7 @@ LOG_RANK="${LOG_RANK:-0}"
 WORLD_SIZE="$NGPU" "$PYTHON" -m titanlite.preflight --config "$config" ${args[@]+"${args[@]}"}
 
 # torchrun forwards SIGUSR1 too (a preemption notice; by default it would kill torchrun), and
-# waits STOP_GRACE_SECONDS for the ranks' final checkpoint; see titanlite/preemption.py.
+# waits STOP_GRACE_SECONDS for the ranks' final checkpoint; see titanlite/components/preemption.py.
 # titanlite.launch is torchrun in the same process (signals reach it as before) that ends with a
 # failed rank's own line and exit code, keeping torchrun's report in job.dump_folder/torchrun.log.
 exec "$PYTHON" -m titanlite.launch --nproc_per_node="$NGPU" --nnodes=1 --standalone \

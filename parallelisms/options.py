@@ -1,5 +1,5 @@
 """The knobs every family's parallelize function takes, gathered from the config sections by
-titanlite/build.py (parallelisms never see the job config)."""
+titanlite/build/assemble.py (parallelisms never see the job config)."""
 
 from __future__ import annotations
 

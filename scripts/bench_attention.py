@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from models.llama import FLAVORS, LlamaArgs
-from titanlite.build import cross_entropy_sum, ignore_boundary_targets
-from titanlite.config import load
+from titanlite.build.assemble import cross_entropy_sum, ignore_boundary_targets
+from titanlite.config.loader import load
 from titanlite.data import Tokenizer, resolve_tokenizer_path
 from titanlite.families import get_family
-from titanlite.preflight import model_args
+from titanlite.preflight.checks import model_args
 
 ROOT = Path(__file__).resolve().parent.parent
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
@@ -61,7 +61,7 @@ def corpus_windows(tokenizer, seq: int, paragraphs: bool) -> torch.Tensor:
 
 
 def build(args: LlamaArgs, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """As titanlite.build does for one process: on meta, then to_empty + init_weights."""
+    """As titanlite.build.assemble does for one process: on meta, then to_empty + init_weights."""
     family = get_family("llama3")
     with torch.device("meta"):
         model = family.model.model_cls(args)

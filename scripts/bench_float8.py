@@ -46,7 +46,7 @@ REFERENCE = "bf16 + compile"
 def largest_fitting_layers(base: list[str], memory_gib: float, max_layers: int) -> int:
     """The most 8B-shaped blocks whose dry-run plan fits in `memory_gib` on one device."""
     code = (
-        "import sys\nfrom titanlite.config import load\nfrom titanlite.dry_run import plan\n"
+        "import sys\nfrom titanlite.config.loader import load\nfrom titanlite.planning.dry_run import plan\n"
         "job = load(sys.argv[2:])\n"
         # --memory-gib is already what is left after the headroom.
         "p = plan(job, 1, 0, float(sys.argv[1]), 'cuda', headroom_gib=0)\n"

@@ -82,9 +82,9 @@ def run_one(name: str, steps: int, rounds: int, warmup: int, threads: int) -> di
 
     sys.path.insert(0, str(ROOT))
     from models.llama import Transformer, num_params
-    from titanlite import preflight
-    from titanlite.optim import build_optimizer
-    from titanlite.train import Trainer
+    from titanlite.components.optim import build_optimizer
+    from titanlite.preflight import checks as preflight
+    from titanlite.trainer.trainer import Trainer
 
     # A leftover torchrun environment would make Trainer join a group that does not exist.
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

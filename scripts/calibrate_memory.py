@@ -2,7 +2,7 @@
 
 For each (model, activation checkpointing) case, one process runs real training steps under
 torch's MemTracker and reports the peak of activation + temporary memory, next to what
-titanlite.activation_memory predicts for the same shapes.
+titanlite.planning.activation_memory predicts for the same shapes.
 
     python scripts/calibrate_memory.py               # the table in docs/dry_run.md
     python scripts/calibrate_memory.py --cases debug:none
@@ -18,7 +18,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from models.llama import FLAVORS, Transformer, num_params
 from parallelisms.activation_checkpoint import apply_ac
-from titanlite.activation_memory import estimate_activations
+from titanlite.planning.activation_memory import estimate_activations
 
 MODELS = {
     "debug": dict(flavor="debugmodel", overrides={}, batch=8, seq=256),

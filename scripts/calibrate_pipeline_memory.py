@@ -4,7 +4,7 @@ pipeline steps on CPU.
 Two gloo processes train the debug model with PP 2 (the trainer itself, as `./run_train.sh`
 builds it); each reports the peak, during its second step, of the bytes autograd holds saved for
 backward (saved-tensor hooks; each storage counted once, parameters excluded, released when the
-last reference to the saved tensor goes), next to what `titanlite.dry_run.plan` predicts for the
+last reference to the saved tensor goes), next to what `titanlite.planning.dry_run.plan` predicts for the
 same rank ("activations (saved)"). torch's MemTracker cannot follow a module called once per
 micro-batch, hence the hooks; they see what backward keeps, not short-lived temporaries.
 
@@ -47,8 +47,8 @@ def job_args(schedule: str, local_batch: int, seq_len: int) -> list[str]:
 def _rank(rank: int, port: int, argv: list[str], out: str) -> None:
     import torch
 
-    from titanlite import preflight
-    from titanlite.train import Trainer
+    from titanlite.preflight import checks as preflight
+    from titanlite.trainer.trainer import Trainer
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -96,7 +96,8 @@ def measure(schedule: str, local_batch: int, seq_len: int) -> list[dict]:
     sys.path.insert(0, str(ROOT / "tests"))
     from helpers import free_port
 
-    from titanlite import config, plan
+    from titanlite.config import loader as config
+    from titanlite.planning.dry_run import plan
 
     argv = job_args(schedule, local_batch, seq_len)
     with tempfile.TemporaryDirectory() as out:

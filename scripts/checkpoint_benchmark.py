@@ -66,9 +66,9 @@ def run(a: argparse.Namespace) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     from models.llama import num_params
-    from titanlite import preflight
-    from titanlite.checkpoint_storage import step_dir
-    from titanlite.train import Trainer
+    from titanlite.components.checkpoint.storage import step_dir
+    from titanlite.preflight import checks as preflight
+    from titanlite.trainer.trainer import Trainer
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)  # a leftover torchrun environment would confuse the Trainer

@@ -24,9 +24,13 @@ from pathlib import Path
 
 import torch
 
-from titanlite.checkpoint import EXPORT_DTYPES
-from titanlite.checkpoint_storage import CheckpointError, load_full_state_dict, save_full_state_dict
-from titanlite.config import ConfigError
+from titanlite.components.checkpoint.manager import EXPORT_DTYPES
+from titanlite.components.checkpoint.storage import (
+    CheckpointError,
+    load_full_state_dict,
+    save_full_state_dict,
+)
+from titanlite.config.loader import ConfigError
 
 _UNITS = {
     "": 1,
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.direction == "torch-to-dcp":
             torch_to_dcp(args.src, args.dst)
         else:
-            from titanlite import hf_checkpoint
+            from titanlite.components.checkpoint import hf as hf_checkpoint
 
             dtype = EXPORT_DTYPES[args.dtype] if args.dtype else None
             if args.direction == "dcp-to-hf":

@@ -11,8 +11,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from titanlite.config import _default
-from titanlite.config_schema import (
+from titanlite.config.loader import _default
+from titanlite.config.schema import (
     FIXED_KEYS,
     IGNORED_KEYS,
     RENAMED_KEYS,
@@ -25,7 +25,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 HEADER = """# Configuration reference
 
-Generated from `titanlite/config_schema.py` by `scripts/gen_config_docs.py`; do not edit by hand.
+Generated from `titanlite/config/schema.py` by `scripts/gen_config_docs.py`; do not edit by hand.
 
 Set keys in a TOML file (`[section]` then `key = value`) or on the command line
 (`--section.key value`, `--section.key=value`, bare `--section.flag` = true, lists

@@ -155,8 +155,8 @@ def grads_worker(out_json: Path, argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from titanlite import preflight
-    from titanlite.train import Trainer
+    from titanlite.preflight import checks as preflight
+    from titanlite.trainer.trainer import Trainer
 
     grads: dict[str, dict[str, torch.Tensor | None]] = {}
     for side, extra in (("eager", []), ("compiled", ["--training.compile"])):

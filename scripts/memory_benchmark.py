@@ -4,7 +4,7 @@ Why: the point of FSDP is that each of N ranks holds about 1/N of the training s
 (parameters, gradients, Adam's two moments). That is a property of the real code path, not of
 arithmetic, so this script measures it on real gloo process groups: the model is built as the
 trainer builds it (meta device -> parallelize_llama -> to_empty -> init_weights), the optimizer
-comes from titanlite.optim.build_optimizer, and one real forward/backward/clip/optimizer step
+comes from titanlite.components.optim.build_optimizer, and one real forward/backward/clip/optimizer step
 on a tiny batch makes the gradients and Adam states exist. Then each rank counts the bytes of
 the LOCAL shards it holds (DTensor.to_local()), and the worst rank is reported against the
 1-process figure and the bound 1/N + 5%.
@@ -63,10 +63,10 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
     import torch
 
     from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
-    from titanlite import preflight
-    from titanlite.build import cross_entropy_loss
+    from titanlite.build.assemble import cross_entropy_loss
+    from titanlite.components.optim import build_optimizer, clip_grad_norm_
     from titanlite.families import get_family
-    from titanlite.optim import build_optimizer, clip_grad_norm_
+    from titanlite.preflight import checks as preflight
 
     with tempfile.TemporaryDirectory(prefix="titanlite-mem-") as dump:
         # preflight resolves the model args (vocab from the bundled tokenizer) exactly as the

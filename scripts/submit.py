@@ -74,7 +74,8 @@ def main(argv: list[str]) -> int:
         return 2
 
     sys.path.insert(0, str(ROOT))
-    from titanlite import config, preflight
+    from titanlite.config import loader as config
+    from titanlite.preflight import checks as preflight
 
     ranks_per_node = max(args.ngpu, 1)
     try:

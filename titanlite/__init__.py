@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 
 def plan(config, world_size: int, **kwargs):
     """Dry-run planning from Python: `titanlite.plan(job_config, 256) -> Plan` (see
-    titanlite.dry_run.plan for the options)."""
-    from titanlite.dry_run import plan as _plan
+    titanlite.planning.dry_run.plan for the options)."""
+    from titanlite.planning.dry_run import plan as _plan
 
     return _plan(config, world_size, **kwargs)
 

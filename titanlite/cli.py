@@ -9,17 +9,18 @@ import signal
 import sys
 import time
 
-from titanlite import config as config_lib
-from titanlite import distributed, preflight
-from titanlite.logging import init_logger
-from titanlite.nonfinite import NONFINITE_EXIT_CODE, NonFiniteTraining
-from titanlite.preemption import (
+from titanlite.components.nonfinite import NONFINITE_EXIT_CODE, NonFiniteTraining
+from titanlite.components.preemption import (
     INTERRUPTED_EXIT_CODE,
     StopRequest,
     exit_code_for,
     requeue_slurm_job,
 )
-from titanlite.train import Trainer
+from titanlite.config import loader as config_lib
+from titanlite.core import distributed
+from titanlite.core.logging import init_logger
+from titanlite.preflight import checks as preflight
+from titanlite.trainer.trainer import Trainer
 
 
 def main(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # torch is imported only once the launch is under way
 
 from titanlite.rank import EXIT_DIR_ENV
 
-# Exit codes a rank uses on purpose (titanlite/train.py, titanlite/preemption.py): preferred
+# Exit codes a rank uses on purpose (titanlite/trainer/trainer.py, titanlite/components/preemption.py): preferred
 # over the ranks torchrun stopped because of them when choosing whose line ends the output.
 _OWN_CODES = (2, 3, 75, 130)
 
@@ -48,7 +48,7 @@ def _dump_folder(training_args: list[str]) -> Path | None:
     """The run's job.dump_folder, for the log; None when the config cannot tell (preflight has
     already vetted it in run_train.sh, so this only fails for a hand-made command line)."""
     try:
-        from titanlite.config import load
+        from titanlite.config.loader import load
 
         args = training_args[1:] if training_args[:1] == ["titanlite.train"] else training_args
         return Path(load(args).job.dump_folder)

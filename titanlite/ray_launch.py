@@ -30,7 +30,7 @@ def worker(ctx: dict[str, Any]) -> tuple[int, str]:
     exit code and, when it is not 0, the one line that says why: the driver prints rank 0's,
     last (every rank printing it too would repeat it, prefixed, in the driver's output)."""
     from titanlite import cli
-    from titanlite.logging import init_logger, logger
+    from titanlite.core.logging import init_logger, logger
 
     # Ray moves each worker into a folder of its own; relative paths in the config (the dump
     # folder, data) mean what they mean to the driver, as with run_train.sh.
@@ -69,7 +69,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def _check(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, list[str]]:
     """The job for N ranks on the workers' device, and the workers' command line (the config as
     an absolute path: Ray runs workers in other folders)."""
-    from titanlite import config, preflight
+    from titanlite.config import loader as config
+    from titanlite.preflight import checks as preflight
 
     if args.num_workers < 1:
         raise config.ConfigError(f"--num-workers {args.num_workers}: expected at least 1")
@@ -106,7 +107,7 @@ def _start_ray(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> int:
     args, overrides = _parse(argv)
-    from titanlite import preflight
+    from titanlite.preflight import checks as preflight
 
     try:
         job, worker_argv = _check(args, overrides)
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> int:
         return 2
     import torch
 
-    from titanlite.distributed import backend_for
+    from titanlite.core.distributed import backend_for
 
     _start_ray(args)
     dump = Path(job.job.dump_folder).resolve()

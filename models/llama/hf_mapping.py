@@ -1,6 +1,6 @@
 """Hugging Face `LlamaForCausalLM` <-> titanlite Llama: parameter names, the RoPE q/k
 permutation and the config. Pure functions of names, tensors, dicts and LlamaArgs; the files
-(DCP, safetensors) are titanlite.hf_checkpoint's business.
+(DCP, safetensors) are titanlite.components.checkpoint.hf's business.
 
 RoPE: titanlite rotates adjacent pairs (x[2k], x[2k+1]) of each head as complex numbers (Meta's
 original layout); Hugging Face rotates the halves (x[k], x[k + head_dim/2]) (`rotate_half`).

@@ -11,9 +11,9 @@ import signal
 import sys
 import time
 
-from titanlite import preflight
-from titanlite.logging import init_logger
-from titanlite.train import Trainer
+from titanlite.core.logging import init_logger
+from titanlite.preflight import checks as preflight
+from titanlite.trainer.trainer import Trainer
 
 
 def main() -> None:

@@ -10,9 +10,9 @@ import sys
 
 import torch.distributed as dist
 
-from titanlite import preflight
-from titanlite.dry_run import state_bytes
-from titanlite.train import Trainer
+from titanlite.planning.dry_run import state_bytes
+from titanlite.preflight import checks as preflight
+from titanlite.trainer.trainer import Trainer
 
 
 def main() -> None:

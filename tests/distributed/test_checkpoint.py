@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import DEBUG_CONFIG, ROOT, check, clean_env, free_port, read_jsonl, torchrun
 
-from titanlite.checkpoint_storage import complete_steps, load_full_state_dict
+from titanlite.components.checkpoint.storage import complete_steps, load_full_state_dict
 
 COMMON = [
     "--config",

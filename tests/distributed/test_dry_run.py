@@ -6,7 +6,8 @@ import subprocess
 import pytest
 from helpers import DEBUG_CONFIG, ROOT, check, clean_env, torchrun
 
-from titanlite import config, plan
+from titanlite.config import loader as config
+from titanlite.planning.dry_run import plan
 
 
 def _dry(*argv: str) -> subprocess.CompletedProcess:
@@ -125,7 +126,7 @@ def test_pipeline_plans_show_every_stage(preset, world, degrees, mesh, stages):
 
 def test_memory_budget_plan_lies_between_full_and_no_checkpointing():
     # Llama 3 8B on 8 ranks at the default budget 0.5: the saved block activations are planned
-    # halfway from full checkpointing's to none's (titanlite/activation_memory.py), the rest of
+    # halfway from full checkpointing's to none's (titanlite/planning/activation_memory.py), the rest of
     # the plan is unchanged, and the plan says which budget it assumed.
     base = ["--config", "llama_8b.toml", "--training.compile", "--activation_checkpoint.mode"]
     plans = {m: plan(config.load([*base, m]), 8) for m in ("full", "memory_budget", "none")}

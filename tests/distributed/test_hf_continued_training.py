@@ -10,10 +10,11 @@ import torch
 from helpers import make_hf_llama
 from test_checkpoint import COMMON, losses, train
 
-from titanlite import hf_checkpoint, preflight
-from titanlite.build import cross_entropy_loss
-from titanlite.checkpoint_storage import load_full_state_dict, read_manifest
+from titanlite.build.assemble import cross_entropy_loss
+from titanlite.components.checkpoint import hf as hf_checkpoint
+from titanlite.components.checkpoint.storage import load_full_state_dict, read_manifest
 from titanlite.data import Tokenizer, build_dataloader
+from titanlite.preflight import checks as preflight
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

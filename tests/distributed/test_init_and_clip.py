@@ -5,7 +5,7 @@ from helpers import spawn
 
 from models.llama import FLAVORS, Transformer
 from parallelisms import ParallelDims, ParallelizeOptions, parallelize_llama
-from titanlite.optim import clip_grad_norm_
+from titanlite.components.optim import clip_grad_norm_
 
 ARGS = FLAVORS["debugmodel"].with_overrides(vocab_size=512, n_layers=2, max_seq_len=32)
 

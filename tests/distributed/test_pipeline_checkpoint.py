@@ -6,7 +6,7 @@ import pytest
 from helpers import read_jsonl
 from test_checkpoint import LAYOUTS, copy_step, losses, train
 
-from titanlite.checkpoint_storage import complete_steps
+from titanlite.components.checkpoint.storage import complete_steps
 
 PP = ["--parallelism.pipeline_parallel_degree"]
 PP_LAYOUTS = {

@@ -22,8 +22,8 @@ from helpers import (
     wait_for_step,
 )
 
-from titanlite.checkpoint_storage import complete_steps, verify
-from titanlite.preemption import PREEMPTED_EXIT_CODE
+from titanlite.components.checkpoint.storage import complete_steps, verify
+from titanlite.components.preemption import PREEMPTED_EXIT_CODE
 
 STEPS, ARGS, losses = SHORT_RUN_STEPS, SHORT_RUN, losses_by_step
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import DEBUG_CONFIG, ROOT, clean_env, run_script
 
-from titanlite.checkpoint_storage import load_full_state_dict
+from titanlite.components.checkpoint.storage import load_full_state_dict
 
 DIVERGING = [
     "--config",

@@ -13,9 +13,9 @@ import time
 import pytest
 from helpers import DEBUG_CONFIG, ROOT, clean_env
 
-from titanlite.checkpoint_storage import complete_steps, verify
-from titanlite.config import load
-from titanlite.optim import lr_factor
+from titanlite.components.checkpoint.storage import complete_steps, verify
+from titanlite.components.optim import lr_factor
+from titanlite.config.loader import load
 
 SMALL = [
     "--config",

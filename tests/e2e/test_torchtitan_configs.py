@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, check, read_jsonl, run_script
 
-from titanlite import config as config_lib
-from titanlite.config import ConfigError, load
+from titanlite.config import loader as config_lib
+from titanlite.config.loader import ConfigError, load
 
 FIXTURES = ROOT / "tests" / "fixtures" / "torchtitan"
 RELEASES = ("v0_1_0", "v0_2_0", "v0_2_1", "v0_2_2")
@@ -78,7 +78,7 @@ def test_older_spellings_and_refusals(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_release_tomls_for_8b_70b_405b_plan_with_the_dry_run(capsys):
-    from titanlite import dry_run
+    from titanlite.planning import dry_run
 
     world = {"llama3_8b": 8, "llama3_70b": 64, "llama3_405b": 128}
     planned = {}

@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import ROOT, SHORT_RUN, SHORT_RUN_STEPS, check, clean_env, free_port, losses_by_step
 
-from titanlite.checkpoint_storage import complete_steps, verify
+from titanlite.components.checkpoint.storage import complete_steps, verify
 
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 # The script's #SBATCH lines are for a GPU cluster; these make it fit the emulated CPU nodes.

@@ -1,4 +1,4 @@
-"""The activation-memory formula's context-parallel terms (titanlite/activation_memory.py): its
+"""The activation-memory formula's context-parallel terms (titanlite/planning/activation_memory.py): its
 relation to the same formula without context parallel, and the bytes torch really saves."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import torch.distributed as dist
 from helpers import tiny_llama_args
 
 from models.llama import LlamaArgs, Transformer
-from titanlite.activation_memory import estimate_activations
+from titanlite.planning.activation_memory import estimate_activations
 
 ARGS = tiny_llama_args()
 
@@ -138,7 +138,7 @@ def test_cp_terms_match_what_torch_saves(mask):
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_memory_budget_runs_from_full_at_0_to_none_at_1(tp):
-    # The budget's bound (titanlite/activation_memory.py, measured in test_memory_budget.py):
+    # The budget's bound (titanlite/planning/activation_memory.py, measured in test_memory_budget.py):
     # budget 0 is full AC, 1 is no AC, and the blocks' share moves linearly in between.
     args = dataclasses.replace(ARGS, attn_mask_type="block_causal")
 

@@ -2,7 +2,7 @@ from collections import OrderedDict
 
 import torch
 
-from titanlite.checkpoint import _flatten, _unflatten
+from titanlite.components.checkpoint.manager import _flatten, _unflatten
 
 
 def test_flatten_round_trip_keeps_structure_and_passes_plain_data_through():

@@ -4,8 +4,9 @@ import sys
 import pytest
 from helpers import DEBUG_CONFIG, ROOT, clean_env
 
-from titanlite import config, preflight
-from titanlite.config import ConfigError
+from titanlite.config import loader as config
+from titanlite.config.loader import ConfigError
+from titanlite.preflight import checks as preflight
 
 
 def load(*argv: str):
@@ -300,7 +301,7 @@ def test_old_torch_and_missing_packages_are_one_line_errors(monkeypatch):
 
     import torch
 
-    from titanlite.preflight import EnvironmentProblem, check_environment
+    from titanlite.preflight.checks import EnvironmentProblem, check_environment
 
     job = load("--config", str(DEBUG_CONFIG))
     monkeypatch.setattr(torch, "__version__", "2.5.1+cu121")

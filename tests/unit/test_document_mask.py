@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import models.llama.model as llama_model
 from models.llama import LlamaArgs, Transformer
 from models.llama.model import block_causal_block_mask, block_causal_mask, document_ids
-from titanlite.build import (
+from titanlite.build.assemble import (
     IGNORE_INDEX,
     cross_entropy_loss,
     cross_entropy_sum,
@@ -135,7 +135,7 @@ def test_boundary_targets_get_no_loss():
 
 
 def test_loss_is_the_token_mean_however_the_batch_is_split():
-    """The trainer's arithmetic (titanlite.train.Trainer.train_step), replayed in one process:
+    """The trainer's arithmetic (titanlite.trainer.trainer.Trainer.train_step), replayed in one process:
     each rank's micro-batch losses are summed, scaled by dp_size / (targets counted over every
     rank and micro-batch); the logged loss is the mean of the ranks' shares, and the gradient the
     mean of the ranks' gradients (as FSDP and DDP average). Documents of very different lengths
@@ -177,7 +177,7 @@ def test_loss_is_the_token_mean_however_the_batch_is_split():
 
 
 def test_activation_estimate_counts_the_sdpa_mask():
-    from titanlite.activation_memory import estimate_activations
+    from titanlite.planning.activation_memory import estimate_activations
 
     b, s, e, layers = 2, 512, 4, ARGS.n_layers
     kw = dict(
@@ -214,8 +214,8 @@ def test_sdpa_saves_one_additive_mask_per_block():
 def test_flex_training_on_cpu_is_a_preflight_error():
     from helpers import DEBUG_CONFIG
 
-    from titanlite import preflight
-    from titanlite.config import ConfigError
+    from titanlite.config.loader import ConfigError
+    from titanlite.preflight import checks as preflight
 
     with pytest.raises(ConfigError, match="attn_type = 'flex' cannot train on CPU"):
         preflight.run(["--config", str(DEBUG_CONFIG), "--model.attn_type", "flex"], 1)

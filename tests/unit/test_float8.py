@@ -10,8 +10,9 @@ from torch import nn
 from models.llama import FLAVORS, Transformer
 from parallelisms import LayoutError
 from parallelisms.float8 import Float8Options, check_float8, convert_to_float8, plan_conversion
-from titanlite import float8, preflight
-from titanlite.config import ConfigError, load
+from titanlite.config.loader import ConfigError, load
+from titanlite.preflight import checks as preflight
+from titanlite.preflight import float8
 
 pytest.importorskip("torchao")
 

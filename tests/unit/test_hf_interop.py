@@ -1,4 +1,4 @@
-"""Hugging Face interop (titanlite.hf_checkpoint, models/llama/hf_mapping.py), proven against
+"""Hugging Face interop (titanlite.components.checkpoint.hf, models/llama/hf_mapping.py), proven against
 transformers itself: exported checkpoints give LlamaForCausalLM the same logits as titanlite's
 forward, HF -> titanlite -> HF is bit-exact, and user mistakes are one-line errors."""
 
@@ -13,9 +13,13 @@ from helpers import ROOT, make_hf_llama
 
 from models.llama import FLAVORS, Transformer
 from models.llama import hf_mapping as hf
-from titanlite import hf_checkpoint
-from titanlite.checkpoint import config_hash, model_config_record, model_differences
-from titanlite.checkpoint_storage import (
+from titanlite.components.checkpoint import hf as hf_checkpoint
+from titanlite.components.checkpoint.manager import (
+    config_hash,
+    model_config_record,
+    model_differences,
+)
+from titanlite.components.checkpoint.storage import (
     MANIFEST,
     load_full_state_dict,
     read_manifest,
@@ -190,7 +194,7 @@ def test_dtype_option_and_progress_through_the_cli(exported, tmp_path, capsys):
 
 
 def test_model_comes_from_the_runs_config_toml_when_the_manifest_lacks_it(tmp_path):
-    from titanlite import config as config_lib
+    from titanlite.config import loader as config_lib
 
     model = random_titanlite(n_kv_heads=4)
     dump = tmp_path / "run"

@@ -3,7 +3,7 @@ import logging
 import pytest
 import torch
 
-from titanlite import metrics
+from titanlite.components.metrics import logger as metrics
 
 CUDA = torch.device("cuda", 0)
 

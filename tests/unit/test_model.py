@@ -168,7 +168,7 @@ def test_init_statistics():
 
 def test_family_registry_is_the_config_choices():
     from parallelisms import parallelize_llama
-    from titanlite.config_schema import Model
+    from titanlite.config.schema import Model
     from titanlite.families import FAMILIES
 
     assert FAMILIES["llama3"].model.model_cls is Transformer

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from titanlite.config_schema import LRScheduler, Optimizer
-from titanlite.optim import build_lr_scheduler, build_optimizer, lr_factor
+from titanlite.components.optim import build_lr_scheduler, build_optimizer, lr_factor
+from titanlite.config.schema import LRScheduler, Optimizer
 
 # TorchTitan 0.3.0's own LRSchedulersContainer (LambdaLR), read back from the optimizer at each
 # of the steps; 0.1.0 to 0.2.2 compute the same values. (total steps, [lr_scheduler] keys, LRs

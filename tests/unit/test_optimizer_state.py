@@ -6,8 +6,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from titanlite.checkpoint import OptimizerState, optimizer_saved_flattened
-from titanlite.checkpoint_storage import read_metadata
+from titanlite.components.checkpoint.manager import OptimizerState, optimizer_saved_flattened
+from titanlite.components.checkpoint.storage import read_metadata
 
 
 def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:

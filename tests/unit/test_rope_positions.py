@@ -91,8 +91,8 @@ def test_document_positions_need_block_causal():
 def test_document_positions_with_causal_mask_is_a_preflight_error():
     from helpers import DEBUG_CONFIG
 
-    from titanlite import preflight
-    from titanlite.config import ConfigError
+    from titanlite.config.loader import ConfigError
+    from titanlite.preflight import checks as preflight
 
     argv = ["--config", str(DEBUG_CONFIG), "--model.attn_mask_type", "causal"]
     with pytest.raises(ConfigError, match="needs attn_mask_type = 'block_causal'"):

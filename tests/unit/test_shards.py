@@ -7,7 +7,6 @@ import types
 import numpy as np
 import pytest
 
-from titanlite import preflight
 from titanlite.data import (
     BUILTIN_DATASETS,
     DatasetError,
@@ -25,6 +24,7 @@ from titanlite.data.shard_dataset import WindowOrder
 from titanlite.data.shards import dtype_for
 from titanlite.data.text_dataset import read_stream
 from titanlite.data.tokenizer import BUILTIN_TOKENIZER
+from titanlite.preflight import checks as preflight
 
 CORPUS = BUILTIN_DATASETS["titanlite_corpus"]
 SEQ = 31  # windows of 32 tokens
@@ -292,8 +292,8 @@ def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path, capsys):
 def test_checkpoint_of_the_other_reader_is_one_clear_error(prepared, tok, tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from titanlite.checkpoint import CheckpointManager
-    from titanlite.checkpoint_storage import CheckpointError
+    from titanlite.components.checkpoint.manager import CheckpointManager
+    from titanlite.components.checkpoint.storage import CheckpointError
 
     text, shards = (
         _loaders(list_files(CORPUS), tok, 2, 1)[0],

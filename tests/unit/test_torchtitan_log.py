@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from titanlite.torchtitan_log import is_torchtitan_log, read_torchtitan_log
+from titanlite.tools.torchtitan_log import is_torchtitan_log, read_torchtitan_log
 
 LOG = Path(__file__).parents[1] / "fixtures" / "torchtitan_logs" / "debugmodel_cpu_seed42.log"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from titanlite.logging import logger
+from titanlite.core.logging import logger
 
 TEXT_SUFFIXES = (".txt", ".py")  # one file = one document
 JSONL_SUFFIXES = (".jsonl",)  # one line = one document

@@ -187,7 +187,7 @@ class ShardSet:
         byte; ranks share it at startup)."""
         # Here, not at the top: checkpoint_storage imports torch, which the preparation tool
         # and its workers do without.
-        from titanlite.checkpoint_storage import file_crc32
+        from titanlite.components.checkpoint.storage import file_crc32
 
         problems = []
         for i in range(len(self.shards)) if indices is None else indices:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from titanlite.config import ConfigError, load
-from titanlite.config_schema import JobConfig
+from titanlite.config.loader import ConfigError, load
+from titanlite.config.schema import JobConfig
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
     from models.llama import LlamaArgs
@@ -57,7 +57,7 @@ def check_environment(job: JobConfig) -> None:
             __import__(module)
         except ImportError:
             raise EnvironmentProblem(f"{package} is not installed: pip install {package}") from None
-    from titanlite.float8 import torchao_missing
+    from titanlite.preflight.float8 import torchao_missing
 
     if (problem := torchao_missing(job)) is not None:
         raise EnvironmentProblem(problem)
@@ -116,10 +116,10 @@ def check(
     check_environment(job)
     from parallelisms import LayoutError, ParallelDims, check_layout
     from parallelisms.context_parallel import check_context_parallel
-    from titanlite import float8
+    from titanlite.core.distributed import device_type
     from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
-    from titanlite.distributed import device_type
     from titanlite.families import get_family
+    from titanlite.preflight import float8
 
     spec = get_family(job.model.name).model
     if job.model.flavor not in spec.flavors:
@@ -238,7 +238,7 @@ def check(
 def check_pipeline_job(job: JobConfig, dims, n_layers: int) -> None:
     from parallelisms.parallel_dims import LayoutError
     from parallelisms.pipeline import check_pipeline
-    from titanlite.build import pipeline_options
+    from titanlite.build.assemble import pipeline_options
 
     check_pipeline(dims.pp, n_layers, job.training.local_batch_size, pipeline_options(job))
     if dims.ddp_enabled:
@@ -335,7 +335,7 @@ def check_first_window(source, tokenizer, seq_len: int, text_field: str, what: s
 def checkpoint_to_load(job: JobConfig) -> Path | None:
     """The checkpoint the trainer will load, by the rules of CheckpointManager.load; None for a
     fresh start. CheckpointError when checkpoint.load_step names no complete checkpoint."""
-    from titanlite.checkpoint_storage import CheckpointError, complete_steps, step_dir
+    from titanlite.components.checkpoint.storage import CheckpointError, complete_steps, step_dir
 
     c = job.checkpoint
     if not (c.enable_checkpoint or c.create_seed_checkpoint):
@@ -361,7 +361,12 @@ def check_checkpoint(job: JobConfig, args) -> None:
     import torch
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from titanlite.checkpoint_storage import CheckpointError, read_manifest, read_metadata, verify
+    from titanlite.components.checkpoint.storage import (
+        CheckpointError,
+        read_manifest,
+        read_metadata,
+        verify,
+    )
     from titanlite.families import get_family
 
     check_hf_options(job)
@@ -369,7 +374,7 @@ def check_checkpoint(job: JobConfig, args) -> None:
     if path is None:
         return
     if job.checkpoint.initial_load_in_hf and path == Path(job.checkpoint.initial_load_path or ""):
-        from titanlite.hf_checkpoint import HFFolder
+        from titanlite.components.checkpoint.hf import HFFolder
 
         HFFolder(path, args)  # its config and every tensor's shape against the configured model
         return
@@ -401,7 +406,7 @@ def check_hf_options(job: JobConfig) -> None:
     c = job.checkpoint
     if not (c.initial_load_in_hf or c.last_save_in_hf):
         return
-    from titanlite.hf_checkpoint import MODEL_NAME
+    from titanlite.components.checkpoint.hf import MODEL_NAME
 
     if job.model.name != MODEL_NAME:
         raise ConfigError(
@@ -425,7 +430,7 @@ def check_hf_options(job: JobConfig) -> None:
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean "the user asked for something impossible", not a bug."""
     from parallelisms import LayoutError
-    from titanlite.checkpoint_storage import CheckpointError
+    from titanlite.components.checkpoint.storage import CheckpointError
     from titanlite.data import DatasetError, TokenizerError
 
     return (
@@ -465,7 +470,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"titanlite: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

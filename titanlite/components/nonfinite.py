@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from titanlite.logging import logger
+from titanlite.core.logging import logger
 
 NONFINITE_EXIT_CODE = 3
 

@@ -10,7 +10,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from titanlite.logging import logger
+from titanlite.core.logging import logger
 
 
 def device_type() -> str:

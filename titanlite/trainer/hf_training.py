@@ -28,9 +28,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from models.llama import hf_mapping as hf
 from models.llama.args import LlamaArgs
-from titanlite.checkpoint_storage import CheckpointError
-from titanlite.hf_checkpoint import HFFolder, dcp_to_hf, read_rows
-from titanlite.logging import logger
+from titanlite.components.checkpoint.hf import HFFolder, dcp_to_hf, read_rows
+from titanlite.components.checkpoint.storage import CheckpointError
+from titanlite.core.logging import logger
 
 
 def _local_slice(

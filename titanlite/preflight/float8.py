@@ -1,12 +1,12 @@
 """The float8 checks that need the machine (torchao installed, GPU generation, backend). The
-[float8] section becomes parallelisms' Float8Options in titanlite/build.py; the conversion
+[float8] section becomes parallelisms' Float8Options in titanlite/build/assemble.py; the conversion
 itself lives in parallelisms/float8.py."""
 
 from __future__ import annotations
 
 from importlib.util import find_spec
 
-from titanlite.config_schema import JobConfig
+from titanlite.config.schema import JobConfig
 
 
 def float8_enabled(job: JobConfig) -> bool:
@@ -23,7 +23,7 @@ def check(job: JobConfig, *, fsdp_enabled: bool, device_type: str, planning: boo
     """Raise LayoutError for a float8 setup this machine cannot run. A dry run (`planning`)
     targets another machine, so the local GPU's generation is not checked."""
     from parallelisms.float8 import check_float8
-    from titanlite.build import float8_options
+    from titanlite.build.assemble import float8_options
 
     opts = float8_options(job, fsdp_enabled=fsdp_enabled, device_type=device_type)
     if opts is None:

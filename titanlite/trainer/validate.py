@@ -20,12 +20,17 @@ from torch.distributed.tensor import DTensor
 
 from parallelisms import loss_context
 from parallelisms.context_parallel import SequenceShards
-from titanlite.build import IGNORE_INDEX, ignore_boundary_targets, local_batch, model_kwargs
-from titanlite.config_schema import Validation
+from titanlite.build.assemble import (
+    IGNORE_INDEX,
+    ignore_boundary_targets,
+    local_batch,
+    model_kwargs,
+)
+from titanlite.config.schema import Validation
+from titanlite.core.logging import logger
 from titanlite.data import DatasetError, DataSource, ShardSet, Tokenizer
 from titanlite.data.rank_split import RankSplit
 from titanlite.data.text_dataset import read_stream
-from titanlite.logging import logger
 
 
 class ValidationData:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from titanlite.loss_compare import UsageError
+from titanlite.tools.loss_compare import UsageError
 
 
 def plot(runs: list[dict[int, dict[str, Any]]], names: list[str], metrics: list[str], out: Path):

@@ -39,8 +39,8 @@ from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
 from models.llama import hf_mapping as hf
 from models.llama.args import LlamaArgs
-from titanlite import checkpoint
-from titanlite.checkpoint_storage import (
+from titanlite.components.checkpoint import manager as checkpoint
+from titanlite.components.checkpoint.storage import (
     CheckpointError,
     SafeFileSystemReader,
     read_manifest,
@@ -304,9 +304,9 @@ def _model_of_checkpoint(
                 "pass --config with that run's config"
             )
         config = found[0]
-    from titanlite import config as config_lib
+    from titanlite.config import loader as config_lib
     from titanlite.data import TokenizerError, resolve_tokenizer_path
-    from titanlite.preflight import model_args
+    from titanlite.preflight.checks import model_args
 
     job = config_lib.load(["--config", str(config)])
     try:

@@ -33,10 +33,10 @@ from parallelisms.pipeline import (
     split_layers,
     stage_ids,
 )
-from titanlite import optim
-from titanlite.config_schema import JobConfig
+from titanlite.components import optim
+from titanlite.config.schema import JobConfig
 from titanlite.families import ModelFamily, get_family
-from titanlite.preflight import Preflight
+from titanlite.preflight.checks import Preflight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -2,7 +2,7 @@
 
 Section and key names follow TorchTitan's TOML-era schema wherever the concept is the same, so
 that a TorchTitan Llama 3 TOML loads unchanged apart from file paths. Field metadata drives the
-loader (`titanlite.config`): `choices`, `min`, `max`, and `unsupported`, which names a value
+loader (`titanlite.config.loader`): `choices`, `min`, `max`, and `unsupported`, which names a value
 beyond the default that titanlite does not implement yet (the loader refuses it with a clear
 error rather than silently ignoring it).
 """

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from titanlite.config_schema import LRScheduler, Optimizer
+from titanlite.config.schema import LRScheduler, Optimizer
 
 
 def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:

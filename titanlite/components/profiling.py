@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from titanlite.config_schema import Profiling
-from titanlite.logging import logger
+from titanlite.config.schema import Profiling
+from titanlite.core.logging import logger
 
 
 @contextlib.contextmanager

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from titanlite.clock import Clock
-from titanlite.config_schema import Metrics
-from titanlite.logging import logger
+from titanlite.components.clock import Clock
+from titanlite.config.schema import Metrics
+from titanlite.core.logging import logger
 
 # Dense bf16 tensor-core peak FLOP/s per device, keyed by the exact torch.cuda.get_device_name()
 # string. Exact names, not fragments: "H100" alone covers SXM (989 TFLOP/s), PCIe (756) and NVL
@@ -158,7 +158,7 @@ class MetricsLogger:
             if start_step == 0 and config_text:
                 self.tb.add_text("config", "```toml\n" + config_text + "\n```", 0)
         if cfg.enable_wandb and write_files:
-            from titanlite.wandb_run import WandbRun
+            from titanlite.components.metrics.wandb_run import WandbRun
 
             self.wandb = WandbRun(dump_folder, config_text)
         self.clock = clock or Clock()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from titanlite.logging import logger
+from titanlite.core.logging import logger
 
 PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command

@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from titanlite.config_schema import (
+from titanlite.config.schema import (
     FIXED_KEYS,
     IGNORED_KEYS,
     RENAMED_KEYS,
@@ -26,7 +26,7 @@ from titanlite.config_schema import (
     UNIMPLEMENTED_SECTIONS,
     JobConfig,
 )
-from titanlite.logging import logger
+from titanlite.core.logging import logger
 
 
 class ConfigError(ValueError):

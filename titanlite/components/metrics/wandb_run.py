@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from titanlite.preflight import EnvironmentProblem
+from titanlite.preflight.checks import EnvironmentProblem
 
 RUN_ID_FILE = "wandb_run_id"
 STEP = "step"  # every scalar is plotted against the training step, logged as a value

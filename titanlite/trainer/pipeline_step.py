@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from parallelisms.pipeline import PipelineOptions, build_schedule
-from titanlite.build import BuiltModel
+from titanlite.build.assemble import BuiltModel
 
 
 class PipelineStep:

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from titanlite.metrics_file import FILE, read_metrics
-from titanlite.torchtitan_log import is_torchtitan_log, read_torchtitan_log
+from titanlite.components.metrics.file import FILE, read_metrics
+from titanlite.tools.torchtitan_log import is_torchtitan_log, read_torchtitan_log
 
 CHECKED = ("loss", "grad_norm", "lr", "val_loss")  # deterministic given the seed and layout
 _MAX_ROWS = 40  # steps printed in full; more are summarized
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             kinds = ["torchtitan" if is_torchtitan_log(_file(p)) else "titanlite" for p in paths]
             summarize(runs, names, kinds, a.summary_steps, a.tps_warmup)
         if a.plot is not None:
-            from titanlite.loss_plot import plot
+            from titanlite.tools.loss_plot import plot
 
             plot(runs, names, a.metrics, a.plot)
             print(f"plot: {a.plot}")

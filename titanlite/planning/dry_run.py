@@ -1,0 +1,416 @@
+"""Plan a run before it costs GPU hours: the real layout checks, mesh, parallelization and
+optimizer, on meta tensors under a fake process group of the target world size, in one process.
+
+    ./run_train.sh --config llama_70b.toml --dry-run --dry-run.world_size 256
+    python -m titanlite.dry_run --config llama_70b.toml --dry-run.world_size 256
+    titanlite.plan(job_config, world_size) -> Plan            # from Python
+
+Parameter, gradient and optimizer-state bytes are exact: they are read off the sharded DTensors
+(and the AdamW state created by a real optimizer step on meta tensors) of the given rank.
+Activation memory comes from the documented formula in titanlite.planning.activation_memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from models.llama import LlamaArgs
+from titanlite.config import loader as config_lib
+from titanlite.config.schema import JobConfig
+from titanlite.planning.activation_memory import estimate_activations
+
+GIB = 2**30
+
+
+def tensors_bytes(tensors) -> int:
+    """Bytes that (possibly sharded) tensors occupy on this rank: their local storages, each
+    counted once (FSDP2's sharded gradients are views into one reduce-scatter buffer) and with
+    padding (FSDP2 pads uneven shards). Meta tensors have no addresses: each is its own."""
+    seen, total = set(), 0
+    for t in tensors:
+        storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+        key = storage.data_ptr()
+        if t.device.type != "meta" and key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Per-rank parameter, gradient and optimizer-state bytes (meta or real tensors; the
+    optimizer's state may hold DTensors or their local shards)."""
+    params = list(model.parameters())
+    return {
+        "parameters": tensors_bytes(params),
+        "gradients": tensors_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": tensors_bytes(
+            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        ),
+    }
+
+
+def fsdp_transient_bytes(
+    args: LlamaArgs, tp: int, n_params: int, param_bytes: int, reduce_bytes: int
+) -> int:
+    """What FSDP2 holds unsharded at its peak (end of backward): the root's parameters
+    (embeddings, final norm, head: not resharded after forward), two blocks' parameters (the one
+    computing and the one prefetched), and the largest unsharded gradient awaiting its
+    reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
+    root = 2 * args.vocab_size * args.dim + args.dim
+    block = args.n_layers and (n_params - root) // args.n_layers
+    return int(
+        (root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp
+    )
+
+
+def _create_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> torch.optim.Optimizer:
+    """The state a first optimizer step creates, on meta tensors.
+
+    DTensor optimizer state is sharded exactly like its parameter, so a twin of the optimizer
+    steps over each parameter's local shard (routing ~300 meta steps through DTensor's sharding
+    propagation would cost tens of seconds). The fused kernels refuse meta tensors; the foreach
+    implementation creates the same state tensors (shapes, dtypes)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    groups = []
+    for g in optimizer.param_groups:
+        local = [
+            (p.to_local() if isinstance(p, DTensor) else p).detach().requires_grad_()
+            for p in g["params"]
+        ]
+        for t in local:
+            t.grad = torch.zeros_like(t)
+        groups.append(
+            {
+                **{k: v for k, v in g.items() if k != "params"},
+                "params": local,
+                "fused": False,
+                "foreach": True,
+            }
+        )
+    twin = type(optimizer)(groups)  # type: ignore[call-arg]  # AdamW/Adam: defaults optional
+    twin.step()
+    return twin
+
+
+@dataclass
+class Plan:
+    world_size: int
+    rank: int
+    mesh: dict[str, int]
+    model: str
+    n_params: int
+    dp_size: int
+    tp: int
+    grad_accum_steps: int
+    tokens_per_step: int
+    flops_per_step: float
+    device_memory: int
+    bytes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    float8: str | None = None  # the float8 conversion plan, when float8 is on
+    pipeline: str = ""  # the stage split, micro-batches and bubble, under pipeline parallel
+    cp: int = 1  # context-parallel degree: ranks that share each sequence
+    tokens_per_rank: int = 0  # tokens of a micro-batch this rank holds (seq / cp of each sequence)
+    context_parallel: str = ""  # how the sequence is cut, under context parallel
+    memory_budget: str = ""  # the budget and what the plan assumes, under AC by memory budget
+    # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
+    # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
+    headroom: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.device_memory - self.headroom
+
+    def render(self) -> str:
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        lines = [
+            f"dry run: {self.model}, {self.n_params / 1e9:.2f}B parameters, world {self.world_size}"
+            f" (rank {self.rank} shown), planned in {self.seconds:.1f}s",
+            f"  mesh                 {mesh}",
+            f"  data parallel        {self.dp_size} ranks, {self.grad_accum_steps} micro-batch(es) per step",
+            f"  tokens per step      {self.tokens_per_step:,}",
+        ]
+        if self.context_parallel:
+            lines.append("  " + self.context_parallel)
+        lines += [
+            f"  FLOPs per step       {self.flops_per_step:.3e}",
+        ]
+        if self.memory_budget:
+            lines.append("  " + self.memory_budget)
+        if self.float8:
+            lines += ["  " + line for line in self.float8.splitlines()]
+        if self.pipeline:
+            lines += ["  " + line for line in self.pipeline.splitlines()]
+        lines.append("  memory per rank:")
+        for name, value in sorted(self.bytes.items(), key=lambda kv: -kv[1]):
+            lines.append(f"    {name:<36} {value / GIB:9.2f} GiB")
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        usable, device, headroom = (
+            f"{round(b / GIB, 1):g}"
+            for b in (self.device_memory - self.headroom, self.device_memory, self.headroom)
+        )
+        lines.append(
+            f"    {'total':<36} {self.total / GIB:9.2f} GiB of {usable} GiB usable"
+            f" ({device} GiB device - {headroom} GiB headroom)  -> {verdict}"
+        )
+        if not self.fits:
+            top = max(self.bytes, key=lambda name: self.bytes[name])
+            lines.append(
+                f"  biggest item: {top}; more data-parallel shards, tensor or context parallel, "
+                "activation checkpointing or a smaller local batch reduce it"
+            )
+        return "\n".join(lines)
+
+
+LLAMA3_VOCAB = 128_256
+
+
+def plan(
+    job: JobConfig,
+    world_size: int,
+    rank: int = 0,
+    device_memory_gib: float = 80.0,
+    device_type: str = "cuda",
+    vocab_size: int | None = None,
+    headroom_gib: float = 8.0,
+) -> Plan:
+    """Build everything a real launch builds, on meta tensors, for `rank` of `world_size`.
+    The vocabulary comes from the tokenizer when its file is here, else `vocab_size` (default:
+    Llama 3's 128,256)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titanlite.build import assemble as build
+    from titanlite.preflight import checks as preflight
+
+    start = time.perf_counter()
+    from titanlite.data import TokenizerError, resolve_tokenizer_path
+
+    if vocab_size is None:
+        try:
+            resolve_tokenizer_path(job.model.tokenizer_path)
+        except TokenizerError:
+            vocab_size = LLAMA3_VOCAB
+    pre = preflight.check(job, world_size, device=device_type, vocab_size=vocab_size)
+    if dist.is_initialized():
+        raise RuntimeError("plan() needs a process without a process group (it makes a fake one)")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        dims = pre.dims
+        built = build.build_model(job, pre, dims.build_meshes("cpu"), device_type)
+        model, opts, spec = built.model, built.options, built.family.model
+        optimizer = build.build_optimizer(job, built)
+        twin = _create_optimizer_state(model, optimizer)
+        sizes = state_bytes(model, twin)
+        sizes["buffers (RoPE table)"] = tensors_bytes(model.buffers())
+    finally:
+        dist.destroy_process_group()
+
+    t = job.training
+    compute_bytes = opts.param_dtype.itemsize
+    pipeline = ""
+    in_flight, batch, blocks_held, has_output = 1, t.local_batch_size, None, True
+    if dims.pp_enabled:
+        in_flight, exact, batch, blocks_held, has_output = _pipeline_share(job, built, dims, rank)
+        pipeline = built.pipeline_summary + (
+            f"\n  in flight            {in_flight} (micro-batch, stage) forwards at the peak"
+            + ("" if exact else " (upper bound: this schedule's peak is not modeled)")
+        )
+    act = estimate_activations(
+        pre.model_args,
+        local_batch_size=batch,
+        seq_len=t.seq_len,
+        tp=dims.tp,
+        loss_parallel=opts.loss_parallel,
+        ac_mode=opts.ac_mode,
+        ac_option=opts.ac_option,
+        memory_budget=opts.ac_memory_budget,
+        compute_bytes=compute_bytes,
+        blocks_held=blocks_held,
+        has_output=has_output,
+        cp=dims.cp,
+    )
+    if in_flight > 1:
+        act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)
+    if (
+        dims.fsdp_enabled
+        and dims.pp_enabled
+        and job.parallelism.fsdp_reshard_after_forward != "always"
+    ):
+        # A stage's gathered parameters stay until the step's last backward (parallelize_llama
+        # does not reshard under pipeline parallel): all of them, plus the largest gradient.
+        numels = [p.numel() for p in model.parameters()]  # DTensor: the full (global) size
+        sizes["FSDP unsharded params/grads"] = int(
+            sum(numels) * compute_bytes / dims.tp
+            + max(numels) * (compute_bytes + opts.reduce_dtype.itemsize) / dims.tp
+        )
+    elif dims.fsdp_enabled:
+        sizes["FSDP unsharded params/grads"] = fsdp_transient_bytes(
+            pre.model_args,
+            dims.tp,
+            spec.num_params(pre.model_args),
+            compute_bytes,
+            opts.reduce_dtype.itemsize,
+        )
+    sizes["activations (saved)"] = act.blocks + act.outside
+    sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
+    tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
+    per_rank = batch * t.seq_len // dims.cp
+    context_parallel = ""
+    if dims.cp_enabled:
+        context_parallel = (
+            f"context parallel     {dims.cp} ranks share each sequence "
+            f"({job.parallelism.context_parallel_load_balancer} cut): {per_rank:,} tokens per "
+            f"rank of the micro-batch's {batch * t.seq_len:,}"
+        )
+    memory_budget = ""
+    if opts.ac_mode == "memory_budget":
+        memory_budget = (
+            f"activation memory    budget {opts.ac_memory_budget:g} (compiled min-cut): each "
+            f"block planned to keep its input and {opts.ac_memory_budget:g} of its other "
+            "activations (an upper bound)"
+        )
+    return Plan(
+        world_size=world_size,
+        rank=rank,
+        mesh=dict(zip(*reversed(dims.mesh_shape()))),
+        model=f"{job.model.name} {job.model.flavor}",
+        n_params=spec.num_params(pre.model_args),
+        dp_size=dims.dp_size,
+        tp=dims.tp,
+        grad_accum_steps=pre.grad_accum_steps,
+        tokens_per_step=tokens,
+        flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
+        device_memory=int(device_memory_gib * GIB),
+        headroom=int(headroom_gib * GIB),
+        bytes=sizes,
+        seconds=time.perf_counter() - start,
+        float8=built.float8_plan.describe() if built.float8_plan is not None else None,
+        pipeline=pipeline,
+        cp=dims.cp,
+        tokens_per_rank=per_rank,
+        context_parallel=context_parallel,
+        memory_budget=memory_budget,
+    )
+
+
+def _pipeline_share(job: JobConfig, built, dims, rank: int) -> tuple[int, bool, int, int, bool]:
+    """For `rank`'s pipeline stages: (micro-batch forwards in flight at the peak, whether that is
+    exact, sequences per micro-batch, blocks per local stage on average, holds the output)."""
+    from parallelisms.pipeline import microbatches_in_flight
+
+    p = job.parallelism
+    per_rank = len(built.stage_ids)
+    n_mb = job.training.local_batch_size // p.pipeline_parallel_microbatch_size
+    pp_rank = rank // (dims.world_size // dims.pp)  # pp is the outermost mesh dim
+    in_flight, exact = microbatches_in_flight(
+        p.pipeline_parallel_schedule, dims.pp, pp_rank, per_rank, n_mb
+    )
+    blocks = sum(len(part.layers) for part in built.parts) // per_rank
+    has_output = built.num_stages - 1 in built.stage_ids
+    return in_flight, exact, p.pipeline_parallel_microbatch_size, blocks, has_output
+
+
+def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Pull `--dry-run` and `--dry-run.KEY VALUE` / `--dry-run.KEY=VALUE` out of argv."""
+    opts, rest, i = {}, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--dry-run":
+            i += 1
+            continue
+        if arg.startswith("--dry-run."):
+            key, eq, value = arg[len("--dry-run.") :].partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise config_lib.ConfigError(f"command line: {arg} needs a value")
+                value, i = argv[i + 1], i + 1
+            opts[key] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return opts, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    from titanlite.preflight import checks as preflight
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        opts, rest = split_dry_run_args(argv)
+        known = {
+            "world_size",
+            "rank",
+            "device_memory_gib",
+            "headroom_gib",
+            "device_type",
+            "vocab_size",
+        }
+        if set(opts) - known:
+            raise config_lib.ConfigError(
+                f"command line: unknown --dry-run.{sorted(set(opts) - known)[0]}; known: "
+                f"{', '.join(sorted(known))}"
+            )
+        default_world = int(os.environ.get("NGPU", "1")) * int(os.environ.get("NNODES", "1"))
+        try:
+            world = int(opts.get("world_size", default_world))
+            rank = int(opts.get("rank", 0))
+            memory = float(opts.get("device_memory_gib", 80))
+            headroom = float(opts.get("headroom_gib", 8))
+            vocab = int(opts["vocab_size"]) if "vocab_size" in opts else None
+        except ValueError as e:
+            raise config_lib.ConfigError(f"command line: --dry-run option: {e}") from None
+        if not 0 <= headroom < memory:
+            raise config_lib.ConfigError(
+                f"--dry-run.headroom_gib {headroom:g} must be >= 0 and below "
+                f"--dry-run.device_memory_gib {memory:g}"
+            )
+        if not 0 <= rank < world:
+            raise config_lib.ConfigError(f"--dry-run.rank {rank} is outside world size {world}")
+        job = config_lib.load(rest)
+        device_type = opts.get("device_type", "cuda")
+        result = plan(job, world, rank, memory, device_type, vocab, headroom)
+        stages = []
+        pp = job.parallelism.pipeline_parallel_degree
+        if pp > 1 and "rank" not in opts:
+            # Stages differ (the first holds the embedding and the most micro-batches in
+            # flight, the last the output and the loss): one plan per stage.
+            stages = [
+                plan(job, world, r, memory, device_type, vocab, headroom)
+                for r in range(0, world, world // pp)
+            ]
+    except preflight.user_errors() as e:
+        print(f"titanlite: error: {e}", file=sys.stderr)
+        return 2
+    print(result.render())
+    if stages:
+        print(stage_table(stages))
+    return 0
+
+
+def stage_table(plans: list[Plan]) -> str:
+    """One line per pipeline stage (its first rank): what differs between stages."""
+    lines = ["  per pipeline stage (GiB):", "    rank  params+grads+optim  activations  total"]
+    for p in plans:
+        b = p.bytes
+        state = b["parameters"] + b["gradients"] + b["optimizer"]
+        act = b["activations (saved)"] + b["activations (recompute + loss grad)"]
+        verdict = "FITS" if p.fits else "DOES NOT FIT"
+        lines.append(
+            f"    {p.rank:4d}  {state / GIB:18.2f}  {act / GIB:11.2f}  {p.total / GIB:5.2f}  {verdict}"
+        )
+    return "\n".join(lines)
