@@ -9,6 +9,15 @@ from typing import Any, Protocol
 import torch
 
 
+class ModelArgs(Protocol):
+    """What the rest of titanlite reads of a family's hyper-parameters (a frozen dataclass)."""
+
+    @property
+    def n_layers(self) -> int: ...  # the pipeline splits blocks over stages
+
+    def to_dict(self) -> dict[str, object]: ...  # what a checkpoint's manifest records
+
+
 class TrainableModel(Protocol):
     """What the trainer calls on a family's model besides nn.Module's own methods."""
 

@@ -34,8 +34,7 @@ from models.llama import FLAVORS, LlamaArgs
 from titanlite.build.assemble import cross_entropy_sum, ignore_boundary_targets
 from titanlite.config.loader import load
 from titanlite.data import Tokenizer, resolve_tokenizer_path
-from titanlite.families import get_family
-from titanlite.preflight.checks import model_args
+from titanlite.families import get_family, model_args
 
 ROOT = Path(__file__).resolve().parent.parent
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"

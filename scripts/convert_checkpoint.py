@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-from titanlite.components.checkpoint.manager import EXPORT_DTYPES
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
     load_full_state_dict,
     save_full_state_dict,
 )
 from titanlite.config.loader import ConfigError
+from titanlite.core.dtypes import DTYPES
 
 _UNITS = {
     "": 1,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in ("dcp-to-hf", "hf-to-dcp"):
             p.add_argument(
                 "--dtype",
-                choices=list(EXPORT_DTYPES),
+                choices=list(DTYPES),
                 help="dtype of the written weights (default: the source's)",
             )
     args = parser.parse_args(argv)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from titanlite.components.checkpoint import hf as hf_checkpoint
 
-            dtype = EXPORT_DTYPES[args.dtype] if args.dtype else None
+            dtype = DTYPES[args.dtype] if args.dtype else None
             if args.direction == "dcp-to-hf":
                 hf_checkpoint.dcp_to_hf(
                     args.src,

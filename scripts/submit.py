@@ -59,6 +59,9 @@ def sbatch_script(
 
 
 def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(ROOT))
+    from titanlite.core.errors import report
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="train_configs/llama_8b.toml")
     p.add_argument("--nodes", type=int, default=4)
@@ -70,10 +73,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-submit", action="store_true", help="write the script, do not sbatch it")
     args, overrides = p.parse_known_args(argv)
     if args.nodes < 1 or args.ngpu < 0:
-        print("titanlite: error: --nodes must be >= 1 and --ngpu >= 0", file=sys.stderr)
-        return 2
+        return report("--nodes must be >= 1 and --ngpu >= 0")
 
-    sys.path.insert(0, str(ROOT))
     from titanlite.config import loader as config
     from titanlite.preflight import checks as preflight
 
@@ -83,8 +84,7 @@ def main(argv: list[str]) -> int:
         # Checked for the compute nodes' device, not this (often GPU-less) login node's.
         preflight.check(job, args.nodes * ranks_per_node, device="cuda" if args.ngpu else "cpu")
     except preflight.user_errors() as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
 
     logs = ROOT / "logs"
     logs.mkdir(exist_ok=True)
@@ -116,8 +116,7 @@ def main(argv: list[str]) -> int:
         text=True,
     )
     if proc.returncode != 0:
-        print(f"titanlite: error: sbatch failed: {proc.stderr.strip()}", file=sys.stderr)
-        return 1
+        return report(f"sbatch failed: {proc.stderr.strip()}", 1)
     job_id = proc.stdout.strip().split(";")[0]
     print(
         f"submitted job {job_id}: {args.nodes} node(s) x {ranks_per_node} rank(s)\n"

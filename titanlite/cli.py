@@ -9,15 +9,15 @@ import signal
 import sys
 import time
 
-from titanlite.components.nonfinite import NONFINITE_EXIT_CODE, NonFiniteTraining
+from titanlite.components.nonfinite import NonFiniteTraining
 from titanlite.components.preemption import (
-    INTERRUPTED_EXIT_CODE,
     StopRequest,
     exit_code_for,
     requeue_slurm_job,
 )
 from titanlite.config import loader as config_lib
 from titanlite.core import distributed
+from titanlite.core.errors import INTERRUPTED, NONFINITE, USER_ERROR, error_line
 from titanlite.core.logging import init_logger
 from titanlite.preflight import checks as preflight
 from titanlite.trainer.trainer import Trainer
@@ -42,28 +42,28 @@ def outcome(argv: list[str]) -> tuple[int, str]:
         return _run(argv, stop, launch_start)
     except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one during training
         return (
-            INTERRUPTED_EXIT_CODE,
+            INTERRUPTED,
             "titanlite: interrupted: stopped at once; training since the latest checkpoint is "
             "not saved",
         )
 
 
 def _fail(error: BaseException, code: int) -> tuple[int, str]:
-    return code, f"titanlite: error: {error}"
+    return code, error_line(error)
 
 
 def _run(argv: list[str], stop: StopRequest, launch_start: float) -> tuple[int, str]:
     try:
         job, pre = preflight.run(argv, distributed.launched_world_size())
     except preflight.user_errors() as e:
-        return _fail(e, 2)
+        return _fail(e, USER_ERROR)
     if job.job.print_config or job.job.print_args:
         if os.environ.get("RANK", "0") == "0":
             print(config_lib.to_toml(job))
     try:
         trainer = Trainer(job, pre, launch_start)
     except preflight.user_errors() as e:  # e.g. a checkpoint that cannot be resumed
-        return _fail(e, 2)
+        return _fail(e, USER_ERROR)
     interrupted = False
     failure: tuple[BaseException, int] | None = None
     try:
@@ -75,9 +75,9 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> tuple[int, 
         interrupted = True  # at once: no waiting for background saves or for peers
         raise
     except NonFiniteTraining as e:
-        failure = (e, NONFINITE_EXIT_CODE)
+        failure = (e, NONFINITE)
     except preflight.user_errors() as e:  # e.g. a save that failed (disk full) under "stop"
-        failure = (e, 2)
+        failure = (e, USER_ERROR)
     finally:
         if not interrupted:
             trainer.close()  # background saves of good steps complete first

@@ -6,8 +6,10 @@ function and its pipeline stage split."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -15,6 +17,7 @@ from models import ModelSpec, llama
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions, parallelize_llama
 from parallelisms.float8 import ConversionPlan
 from parallelisms.pipeline import stage_models
+from titanlite.config.schema import JobConfig
 
 ParallelizeFn = Callable[
     [nn.Module, ParallelDims, Meshes, ParallelizeOptions], ConversionPlan | None
@@ -44,3 +47,17 @@ FAMILIES: dict[str, ModelFamily] = {
 def get_family(name: str) -> ModelFamily:
     # config_schema restricts model.name to these names, so a miss is a bug, not a user error.
     return FAMILIES[name]
+
+
+def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> Any:
+    """The model's hyper-parameters: the family's flavor with every [model] key that its args
+    dataclass also has (None keeps the flavor's value), the tokenizer's vocabulary and BOS id (-1
+    where only shapes matter) and the training sequence length (the RoPE table's size). A family
+    takes the [model] keys that match its own field names, so it lists none here."""
+    m = job.model
+    flavor = get_family(m.name).model.flavors[m.flavor]
+    own = {f.name for f in dataclasses.fields(flavor)}
+    overrides = {k: v for k, v in vars(m).items() if k in own and v is not None}
+    return dataclasses.replace(
+        flavor, **overrides, vocab_size=vocab_size, max_seq_len=job.training.seq_len, bos_id=bos_id
+    )

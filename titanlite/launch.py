@@ -29,11 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported only once the launch is under way
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from titanlite.rank import EXIT_DIR_ENV
-
-# Exit codes a rank uses on purpose (titanlite/trainer/trainer.py, titanlite/components/preemption.py): preferred
-# over the ranks torchrun stopped because of them when choosing whose line ends the output.
-_OWN_CODES = (2, 3, 75, 130)
+from titanlite.core.errors import EXIT_DIR_ENV, OWN_CODES, error_line
 
 
 class _DropFailureRecord(logging.Filter):
@@ -59,7 +55,7 @@ def _dump_folder(training_args: list[str]) -> Path | None:
 def _pick(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
     """The root cause: a rank that exited with one of titanlite's own codes (others were most
     likely stopped by torchrun because of it), earliest first."""
-    own = {r: f for r, f in failures.items() if f.exitcode in _OWN_CODES}
+    own = {r: f for r, f in failures.items() if f.exitcode in OWN_CODES}
     # Then a rank that exited by itself (a crash) over ranks killed by a signal: those are
     # usually the ones torchrun stopped with SIGTERM after the crash, and their timestamps can
     # come first.
@@ -120,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exit_code(failure)
         log = _keep_report(e.format_msg(), _dump_folder(list(args.training_script_args)))
         line = _message(failure)
-        if failure.exitcode in _OWN_CODES and line:
+        if failure.exitcode in OWN_CODES and line:
             print(line, file=sys.stderr, flush=True)
         else:
             how = (
@@ -130,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             where = f"; torchrun's report: {log}" if log else ""
             last = f": {line}" if line and not line.startswith("To enable traceback") else ""
-            print(f"titanlite: error: rank {rank} {how}{last}{where}", file=sys.stderr, flush=True)
+            print(error_line(f"rank {rank} {how}{last}{where}"), file=sys.stderr, flush=True)
         return code
     finally:
         shutil.rmtree(exit_dir, ignore_errors=True)
@@ -146,7 +142,7 @@ def _signalled_outcome(exit_dir: str, sigval: signal.Signals) -> tuple[int, str]
             outcomes.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    own = sorted((o for o in outcomes if o.get("code") in _OWN_CODES), key=lambda o: o["time"])
+    own = sorted((o for o in outcomes if o.get("code") in OWN_CODES), key=lambda o: o["time"])
     if own:
         return int(own[0]["code"]), str(own[0].get("line", ""))
     return 128 + int(sigval), ""

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-EXIT_DIR_ENV = "TITANLITE_EXIT_DIR"  # set by titanlite.launch
+from titanlite.core.errors import EXIT_DIR_ENV, INTERRUPTED, USER_ERROR
 
 
 class _LastLine:
@@ -70,7 +70,7 @@ def _record(code: int, line: str) -> None:
 def main() -> None:
     if len(sys.argv) < 2:
         print("usage: python -m titanlite.rank MODULE [args]", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(USER_ERROR)
     module, argv = sys.argv[1], sys.argv[2:]
     sys.argv = [module, *argv]
     sys.stderr = tracker = _LastLine(sys.stderr)
@@ -83,7 +83,7 @@ def main() -> None:
             print(e.code, file=sys.stderr)
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = 130
+        code = INTERRUPTED
     except BaseException:
         traceback.print_exc()
         code = 1

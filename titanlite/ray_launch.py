@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from titanlite.core.errors import report
+
 # The config run_train.sh uses when none is given.
 DEFAULT_CONFIG = "debug_model.toml"
 
@@ -112,17 +114,12 @@ def main(argv: list[str]) -> int:
     try:
         job, worker_argv = _check(args, overrides)
     except preflight.user_errors() as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
     try:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
-        print(
-            "titanlite: error: Ray Train is not installed; pip install -e '.[ray]'",
-            file=sys.stderr,
-        )
-        return 2
+        return report("Ray Train is not installed; pip install -e '.[ray]'")
     import torch
 
     from titanlite.core.distributed import backend_for
@@ -153,12 +150,9 @@ def main(argv: list[str]) -> int:
         result = trainer.fit()
     except ray.train.TrainingFailedError as e:
         ray.shutdown()  # Ray's own report of the failure is printed before our line
-        print(
-            f"titanlite: error: Ray Train stopped the run (--max-failures {args.max_failures}): "
-            f"{_reason(e)}",
-            file=sys.stderr,
+        return report(
+            f"Ray Train stopped the run (--max-failures {args.max_failures}): {_reason(e)}", 1
         )
-        return 1
     ray.shutdown()
     code, line = result.return_value  # type: ignore[attr-defined]  # (fit() names V1's Result)
     if line:

@@ -23,7 +23,7 @@ from helpers import (
 )
 
 from titanlite.components.checkpoint.storage import complete_steps, verify
-from titanlite.components.preemption import PREEMPTED_EXIT_CODE
+from titanlite.core.errors import PREEMPTED
 
 STEPS, ARGS, losses = SHORT_RUN_STEPS, SHORT_RUN, losses_by_step
 
@@ -89,7 +89,7 @@ def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in err, err[-3000:]  # torchrun's failure report
+    assert f"exitcode  : {PREEMPTED}" in err, err[-3000:]  # torchrun's failure report
     # Each rank's final line (its log has the same words earlier): both ranks, the same step.
     stopped = [ln for ln in err.splitlines() if ln.startswith("titanlite: SIGUSR1: stopped after")]
     assert len(stopped) == 2, err[-3000:]

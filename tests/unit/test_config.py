@@ -301,7 +301,8 @@ def test_old_torch_and_missing_packages_are_one_line_errors(monkeypatch):
 
     import torch
 
-    from titanlite.preflight.checks import EnvironmentProblem, check_environment
+    from titanlite.core.errors import EnvironmentProblem
+    from titanlite.preflight.checks import check_environment
 
     job = load("--config", str(DEBUG_CONFIG))
     monkeypatch.setattr(torch, "__version__", "2.5.1+cu121")

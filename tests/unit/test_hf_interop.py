@@ -14,7 +14,7 @@ from helpers import ROOT, make_hf_llama
 from models.llama import FLAVORS, Transformer
 from models.llama import hf_mapping as hf
 from titanlite.components.checkpoint import hf as hf_checkpoint
-from titanlite.components.checkpoint.manager import (
+from titanlite.components.checkpoint.record import (
     config_hash,
     model_config_record,
     model_differences,

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import TrainableModel
+from models import ModelArgs, TrainableModel
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions
 from parallelisms.context_parallel import SequenceShards
 from parallelisms.float8 import ConversionPlan, Float8Options, register_scale_precompute
@@ -35,10 +35,8 @@ from parallelisms.pipeline import (
 )
 from titanlite.components import optim
 from titanlite.config.schema import JobConfig
+from titanlite.core.dtypes import DTYPES
 from titanlite.families import ModelFamily, get_family
-from titanlite.preflight.checks import Preflight
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def float8_options(job: JobConfig, *, fsdp_enabled: bool, device_type: str) -> Float8Options | None:
@@ -161,27 +159,30 @@ class BuiltModel:
         return self.options.sequence_shards
 
 
-def build_model(job: JobConfig, pre: Preflight, meshes: Meshes, device_type: str) -> BuiltModel:
-    """The model of `job` on the meta device, parallelized for `pre.dims` over `meshes`."""
+def build_model(
+    job: JobConfig, dims: ParallelDims, args: ModelArgs, meshes: Meshes, device_type: str
+) -> BuiltModel:
+    """The model of `job` (hyper-parameters `args`) on the meta device, parallelized for `dims`
+    over `meshes`."""
     family = get_family(job.model.name)
     with torch.device("meta"):
-        model = family.model.model_cls(pre.model_args)
-    options = parallelize_options(job, pre.dims, device_type)
-    if pre.dims.cp_enabled:
+        model = family.model.model_cls(args)
+    options = parallelize_options(job, dims, device_type)
+    if dims.cp_enabled:
         shards = SequenceShards(meshes.get("cp"), job.parallelism.context_parallel_load_balancer)
         options = dataclasses.replace(options, sequence_shards=shards)
-    if not pre.dims.pp_enabled:
-        float8_plan = family.parallelize(model, pre.dims, meshes, options)
+    if not dims.pp_enabled:
+        float8_plan = family.parallelize(model, dims, meshes, options)
         return BuiltModel(model, family, options, float8_plan, [model], [0])
     pp = pipeline_options(job)
-    n_layers = pre.model_args.n_layers
-    stages = num_stages(pre.dims.pp, n_layers, pp)
+    n_layers = args.n_layers
+    stages = num_stages(dims.pp, n_layers, pp)
     layers = split_layers(n_layers, stages, pp.first_stage_less_layers, pp.last_stage_less_layers)
-    ids = stage_ids(meshes.get("pp").get_local_rank(), pre.dims.pp, stages, pp.schedule)
+    ids = stage_ids(meshes.get("pp").get_local_rank(), dims.pp, stages, pp.schedule)
     parts = family.split_stages(model, layers, ids)
-    plans = [family.parallelize(part, pre.dims, meshes, options) for part in parts]
+    plans = [family.parallelize(part, dims, meshes, options) for part in parts]
     n_mb = job.training.local_batch_size // pp.microbatch_size
-    summary = describe(pp.schedule, pre.dims.pp, layers, n_mb, pp.microbatch_size)
+    summary = describe(pp.schedule, dims.pp, layers, n_mb, pp.microbatch_size)
     built = BuiltModel(ModelParts(parts), family, options, plans[0], parts, ids, stages)
     built.pipeline_summary = summary
     return built

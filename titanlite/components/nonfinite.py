@@ -17,8 +17,6 @@ import torch
 
 from titanlite.core.logging import logger
 
-NONFINITE_EXIT_CODE = 3
-
 
 class NonFiniteTraining(RuntimeError):
     """Training produced NaN/inf more often in a row than allowed; the message names the step."""

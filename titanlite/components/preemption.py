@@ -7,7 +7,7 @@ The signal handler only sets a flag: a handler that saved or exited itself could
 collective or in the middle of a checkpoint write. The flag is turned into a decision that every
 rank shares by one all-reduce (MAX) of a single int per step, because a signal reaches ranks at
 different moments and a rank that stops alone would leave the others waiting in the next
-collective. Exit status `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again later") tells a
+collective. Exit status `PREEMPTED` (75, EX_TEMPFAIL: "try again later") tells a
 launcher that the run stopped on purpose with its progress saved.
 """
 
@@ -23,10 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from titanlite.core.errors import INTERRUPTED, PREEMPTED
 from titanlite.core.logging import logger
-
-PREEMPTED_EXIT_CODE = 75
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 
 # Ctrl-C in a terminal signals the whole foreground process group, so a rank gets SIGINT from
 # the terminal and, milliseconds later, the copy torchrun forwards: only a SIGINT this long after
@@ -35,7 +33,7 @@ SECOND_INTERRUPT_AFTER_S = 1.0
 
 
 def exit_code_for(signum: int) -> int:
-    return INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
+    return INTERRUPTED if signum == signal.SIGINT else PREEMPTED
 
 
 class StopRequest:

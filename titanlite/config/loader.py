@@ -298,7 +298,7 @@ def resolve_config_path(path: str) -> Path:
     p = Path(path)
     if p.exists():
         return p
-    preset = Path(__file__).resolve().parent.parent / "train_configs" / p.name
+    preset = Path(__file__).resolve().parents[2] / "train_configs" / p.name
     if len(p.parts) == 1 and preset.exists():
         return preset
     raise ConfigError(f"config file {path} does not exist; pass a path or a name in train_configs/")

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from titanlite.core.io import atomic_write_text, file_crc32
 from titanlite.data.documents import DatasetError, SkippedRecords, list_files
 from titanlite.data.segments import (
     HFSource,
@@ -120,17 +121,7 @@ def _take_chars(texts, limit: int):
 
 
 def _write_json(path: Path, obj: Any, indent: int | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=indent))
-    tmp.replace(path)
-
-
-def _file_crc32(path: Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+    atomic_write_text(path, json.dumps(obj, indent=indent))
 
 
 def _finished(
@@ -161,7 +152,7 @@ def _finished(
             return None, f"{f} is missing"
         if f.stat().st_size != size:
             return None, f"{f} has {f.stat().st_size} bytes, its record says {size}"
-        if _file_crc32(f) != crc:
+        if file_crc32(f) != crc:
             return None, f"{f} does not match its recorded CRC32"
     return entry, None
 

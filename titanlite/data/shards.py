@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from titanlite.core.io import file_crc32
 from titanlite.data.documents import DatasetError
 
 FORMAT, VERSION = "titanlite-shards", 1
@@ -187,7 +188,6 @@ class ShardSet:
         byte; ranks share it at startup)."""
         # Here, not at the top: checkpoint_storage imports torch, which the preparation tool
         # and its workers do without.
-        from titanlite.components.checkpoint.storage import file_crc32
 
         problems = []
         for i in range(len(self.shards)) if indices is None else indices:

@@ -3,7 +3,7 @@ optimizer, on meta tensors under a fake process group of the target world size, 
 
     ./run_train.sh --config llama_70b.toml --dry-run --dry-run.world_size 256
     python -m titanlite.dry_run --config llama_70b.toml --dry-run.world_size 256
-    titanlite.plan(job_config, world_size) -> Plan            # from Python
+    plan(job_config, world_size) -> Plan                      # from Python
 
 Parameter, gradient and optimizer-state bytes are exact: they are read off the sharded DTensors
 (and the AdamW state created by a real optimizer step on meta tensors) of the given rank.
@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from models.llama import LlamaArgs
 from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
+from titanlite.core.errors import report
 from titanlite.planning.activation_memory import estimate_activations
 
 GIB = 2**30
@@ -211,7 +212,7 @@ def plan(
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         dims = pre.dims
-        built = build.build_model(job, pre, dims.build_meshes("cpu"), device_type)
+        built = build.build_model(job, dims, pre.model_args, dims.build_meshes("cpu"), device_type)
         model, opts, spec = built.model, built.options, built.family.model
         optimizer = build.build_optimizer(job, built)
         twin = _create_optimizer_state(model, optimizer)
@@ -394,8 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in range(0, world, world // pp)
             ]
     except preflight.user_errors() as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
     print(result.render())
     if stages:
         print(stage_table(stages))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from titanlite.config.loader import ConfigError, load
 from titanlite.config.schema import JobConfig
+from titanlite.core.errors import EnvironmentProblem, report
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
     from models.llama import LlamaArgs
@@ -23,10 +24,6 @@ if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config error
     from titanlite.data import DataSource
 
 MIN_TORCH = (2, 7)
-
-
-class EnvironmentProblem(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -76,35 +73,6 @@ def check_environment(job: JobConfig) -> None:
         )
 
 
-def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> LlamaArgs:
-    """The model's hyper-parameters: the flavor with the [model] overrides, the tokenizer's
-    vocabulary and BOS id (-1 where only shapes matter) and the training sequence length (the
-    RoPE table's size)."""
-    from titanlite.families import get_family
-
-    m = job.model
-    return (
-        get_family(m.name)
-        .model.flavors[m.flavor]
-        .with_overrides(
-            vocab_size=vocab_size,
-            max_seq_len=job.training.seq_len,
-            dim=m.dim,
-            n_layers=m.n_layers,
-            n_heads=m.n_heads,
-            n_kv_heads=m.n_kv_heads,
-            multiple_of=m.multiple_of,
-            ffn_dim_multiplier=m.ffn_dim_multiplier,
-            norm_eps=m.norm_eps,
-            rope_theta=m.rope_theta,
-            attn_type=m.attn_type,
-            attn_mask_type=m.attn_mask_type,
-            rope_positions=m.rope_positions,
-            bos_id=bos_id,
-        )
-    )
-
-
 def check(
     job: JobConfig, world_size: int, device: str | None = None, vocab_size: int | None = None
 ) -> Preflight:
@@ -118,7 +86,7 @@ def check(
     from parallelisms.context_parallel import check_context_parallel
     from titanlite.core.distributed import device_type
     from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
-    from titanlite.families import get_family
+    from titanlite.families import get_family, model_args
     from titanlite.preflight import float8
 
     spec = get_family(job.model.name).model
@@ -467,6 +435,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(sys.argv[1:] if argv is None else argv, launched_world_size())
     except user_errors() as e:
-        print(f"titanlite: error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
     return 0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from titanlite.components.metrics.file import FILE, read_metrics
+from titanlite.tools.loss_plot import PlotError, plot
 from titanlite.tools.torchtitan_log import is_torchtitan_log, read_torchtitan_log
 
 CHECKED = ("loss", "grad_norm", "lr", "val_loss")  # deterministic given the seed and layout
@@ -215,11 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             kinds = ["torchtitan" if is_torchtitan_log(_file(p)) else "titanlite" for p in paths]
             summarize(runs, names, kinds, a.summary_steps, a.tps_warmup)
         if a.plot is not None:
-            from titanlite.tools.loss_plot import plot
-
             plot(runs, names, a.metrics, a.plot)
             print(f"plot: {a.plot}")
-    except UsageError as e:
+    except (UsageError, PlotError) as e:
         print(f"loss_compare: error: {e}", file=sys.stderr)
         return 2
     return 1 if bad else 0

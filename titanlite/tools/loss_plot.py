@@ -6,19 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from titanlite.tools.loss_compare import UsageError
+
+class PlotError(ValueError):
+    """The figure cannot be made (matplotlib missing, no such folder); the message says why."""
 
 
 def plot(runs: list[dict[int, dict[str, Any]]], names: list[str], metrics: list[str], out: Path):
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'titanlite[plot]'") from None
+        raise PlotError("--plot needs matplotlib: pip install 'titanlite[plot]'") from None
     matplotlib.use("Agg")  # files only: no display needed, none opened
     import matplotlib.pyplot as plt
 
     if not out.parent.is_dir():
-        raise UsageError(f"--plot {out}: folder {out.parent} does not exist")
+        raise PlotError(f"--plot {out}: folder {out.parent} does not exist")
     fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 2.8 * len(metrics)), squeeze=False)
     for ax, m in zip(axes[:, 0], metrics):
         for run, name in zip(runs, names):

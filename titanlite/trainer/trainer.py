@@ -25,11 +25,8 @@ from torch.distributed.tensor import DTensor
 
 from parallelisms import loss_context
 from titanlite.build import assemble as build
-from titanlite.components.checkpoint.manager import (
-    CheckpointManager,
-    config_hash,
-    model_config_record,
-)
+from titanlite.components.checkpoint.manager import CheckpointManager
+from titanlite.components.checkpoint.record import config_hash, model_config_record
 from titanlite.components.clock import Clock
 from titanlite.components.metrics.file import FILE as METRICS_FILE
 from titanlite.components.metrics.file import read_metrics
@@ -130,7 +127,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         job, pre, t = self.job, self.pre, self.job.training
-        built = build.build_model(job, pre, self.meshes, self.device.type)
+        built = build.build_model(job, self.dims, pre.model_args, self.meshes, self.device.type)
         spec = built.family.model
         self.flops_per_token = spec.training_flops_per_token(pre.model_args, t.seq_len)
         logger.info(

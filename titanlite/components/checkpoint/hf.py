@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
 from models.llama import hf_mapping as hf
 from models.llama.args import LlamaArgs
-from titanlite.components.checkpoint import manager as checkpoint
+from titanlite.components.checkpoint import record as run_record
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
     SafeFileSystemReader,
@@ -47,6 +47,7 @@ from titanlite.components.checkpoint.storage import (
     save_full_state_dict,
     verify,
 )
+from titanlite.families import model_args
 
 MODEL_NAME = "llama3"
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # as transformers' save_pretrained
@@ -295,7 +296,7 @@ def _model_of_checkpoint(
         found = [
             c
             for c in [dump / "config.toml", *sorted(dump.glob("config.*.toml"))]
-            if c.is_file() and checkpoint.config_hash(c.read_text()) == manifest.get("config_hash")
+            if c.is_file() and run_record.config_hash(c.read_text()) == manifest.get("config_hash")
         ]
         if not found:
             raise CheckpointError(
@@ -306,7 +307,6 @@ def _model_of_checkpoint(
         config = found[0]
     from titanlite.config import loader as config_lib
     from titanlite.data import TokenizerError, resolve_tokenizer_path
-    from titanlite.preflight.checks import model_args
 
     job = config_lib.load(["--config", str(config)])
     try:
@@ -593,9 +593,9 @@ def hf_to_dcp(
         "step": 0,
         "converted_from": str(src.resolve()),
         "torch_version": torch.__version__,
-        "titanlite_version": checkpoint.titanlite_version(),
+        "titanlite_version": run_record.titanlite_version(),
         "saved_at": time.time(),
-        "model_config": checkpoint.model_config_record(
+        "model_config": run_record.model_config_record(
             MODEL_NAME, None, args, tok.resolve() if tok.is_file() else None
         ),
     }

@@ -12,7 +12,6 @@ change of data-parallel degree.
 from __future__ import annotations
 
 import errno
-import hashlib
 import re
 import shutil
 import threading
@@ -34,13 +33,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from titanlite.components.checkpoint.record import model_differences, titanlite_version
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
     ChecksummingWriter,
     SafeFileSystemReader,
     SafeLoadPlanner,
     complete_steps,
-    file_crc32,
     partial_dir,
     read_manifest,
     read_metadata,
@@ -50,6 +49,8 @@ from titanlite.components.checkpoint.storage import (
 )
 from titanlite.config.schema import Checkpoint
 from titanlite.core.distributed import shared_check
+from titanlite.core.dtypes import DTYPES
+from titanlite.core.io import file_crc32
 from titanlite.core.logging import logger
 
 
@@ -97,7 +98,6 @@ def describe_save_error(error: BaseException, folder: Path) -> str:
     return f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
 
 
-EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 
 
@@ -233,7 +233,7 @@ class CheckpointManager:
         elif steps:
             step = steps[-1]
         elif self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
-            from titanlite.trainer.hf_training import load_hf_weights
+            from titanlite.components.checkpoint.hf_training import load_hf_weights
 
             load_hf_weights(self.model, Path(self.cfg.initial_load_path), self.model_args)
             return True
@@ -332,7 +332,7 @@ class CheckpointManager:
             or (last and self.cfg.last_save_model_weights_only)
         )
         if weights_only:
-            dtype = EXPORT_DTYPES[self.cfg.export_dtype] if last else None
+            dtype = DTYPES[self.cfg.export_dtype] if last else None
             states: dict[str, Any] = {"model": ModelState(self.model, dtype)}
         else:
             states = self.states
@@ -485,11 +485,11 @@ class CheckpointManager:
 
     def export_hf(self, step: int) -> Path:
         """checkpoint.last_save_in_hf: the saved `step` as a Hugging Face folder."""
-        from titanlite.trainer.hf_training import export_hf
+        from titanlite.components.checkpoint.hf_training import export_hf
 
         self.wait()
         dst = self.folder / f"hf-step-{step}"
-        export_hf(step_dir(self.folder, step), dst, EXPORT_DTYPES[self.cfg.export_dtype], self.pg)
+        export_hf(step_dir(self.folder, step), dst, DTYPES[self.cfg.export_dtype], self.pg)
         return dst
 
     def close(self) -> None:
@@ -546,68 +546,3 @@ def _rebuild(node: Any) -> Any:
     if issubclass(kind, dict):
         return children
     return kind(children[i] for i in range(len(children)))
-
-
-def titanlite_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("titanlite")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def model_config_record(
-    name: str, flavor: str | None, args: Any, tokenizer: Path | str | None
-) -> dict:
-    """What a manifest records about the model (`model_config`), so that tools such as
-    titanlite.components.checkpoint.hf know its shape without the run's config."""
-    return {
-        "name": name,
-        "flavor": flavor,
-        "args": args.to_dict(),
-        "tokenizer": str(tokenizer) if tokenizer else None,
-    }
-
-
-def model_differences(saved: dict[str, Any], configured: dict[str, Any]) -> list[str]:
-    """Model arguments that differ between a checkpoint's manifest and the configured model.
-    Hyper-parameters that change the function but not the shapes (heads, RoPE, norm epsilon)
-    escape the shape check; a checkpoint that records its model (e.g. one converted from
-    Hugging Face) is compared field by field, for a warning, not an error: changing rope_theta
-    to extend the context is a legitimate use. Not compared: what the shape check covers in
-    other terms (the FFN width's recipe), the RoPE table's length, the init recipe, the
-    attention kernel and mask, and where RoPE positions start."""
-
-    def norm(args: dict[str, Any]) -> dict[str, Any]:
-        args = {
-            k: v
-            for k, v in args.items()
-            if k
-            not in (
-                "max_seq_len",
-                "depth_init",
-                "multiple_of",
-                "ffn_dim_multiplier",
-                # How attention is masked and computed may change between launches (the
-                # weights fit either), and older manifests do not record it.
-                "attn_type",
-                "attn_mask_type",
-                "rope_positions",
-                "bos_id",
-            )
-        }
-        if "n_kv_heads" in args:  # None means n_heads
-            args["n_kv_heads"] = args["n_kv_heads"] or args.get("n_heads")
-        return args
-
-    saved, configured = norm(saved), norm(configured)
-    return [
-        f"{k} = {saved.get(k)} (checkpoint) vs {v} (configured)"
-        for k, v in configured.items()
-        if saved.get(k) != v
-    ]
-
-
-def config_hash(config_toml: str) -> str:
-    return hashlib.sha256(config_toml.encode()).hexdigest()[:16]

@@ -29,9 +29,10 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from titanlite.core.io import atomic_write_text, file_crc32
+
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_CHUNK = 1 << 22
 
 
 class CheckpointError(RuntimeError):
@@ -200,9 +201,7 @@ class SafeFileSystemReader(FileSystemReader):
 
 def write_manifest(path: Path, records: dict[str, dict[str, int]], info: dict[str, Any]) -> None:
     manifest = {**info, "files": dict(sorted(records.items()))}
-    tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.rename(path / MANIFEST)
+    atomic_write_text(path / MANIFEST, json.dumps(manifest, indent=1))
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -218,14 +217,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
         return json.loads(mf.read_text())
     except ValueError as e:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupted ({e})") from None
-
-
-def file_crc32(path: Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def verify(path: Path, files: list[str] | None = None, checksums: bool = True) -> list[str]:

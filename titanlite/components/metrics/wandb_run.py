@@ -14,7 +14,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from titanlite.preflight.checks import EnvironmentProblem
+from titanlite.core.errors import EnvironmentProblem
+from titanlite.core.io import atomic_write_text
 
 RUN_ID_FILE = "wandb_run_id"
 STEP = "step"  # every scalar is plotted against the training step, logged as a value
@@ -27,9 +28,7 @@ def run_id(dump_folder: Path) -> str:
     if path.is_file() and (saved := path.read_text().strip()):
         return saved
     new = secrets.token_hex(4)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, new + "\n")
     return new
 
 
