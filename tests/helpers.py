@@ -4,14 +4,53 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEBUG_CONFIG = ROOT / "train_configs" / "debug_model.toml"
+
+# The tiny run the distributed tests train: the debug model on the bundled corpus, 64-token
+# windows in float32, every step logged, no TensorBoard.
+TINY_RUN = [
+    "--config",
+    str(DEBUG_CONFIG),
+    "--training.seq_len",
+    "64",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--training.mixed_precision_param",
+    "float32",
+]
+# The same, deterministic and checkpointing: what the resume, reshard and conversion tests run.
+CHECKPOINTED_RUN = [*TINY_RUN, "--training.deterministic", "--checkpoint.enable_checkpoint"]
+FSDP2_TP2 = ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"]
+# name -> (processes, arguments): the layouts a checkpoint moves between.
+LAYOUTS = {
+    "one": (1, ["--training.local_batch_size", "8"]),
+    "fsdp2": (2, ["--training.local_batch_size", "4"]),
+    "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
+    "fsdp2_tp2": (4, FSDP2_TP2),
+    "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
+}
+# The smallest run through ./run_train.sh: one step of 2 x 64 tokens (the e2e failure cases).
+ONE_STEP = [
+    "--training.steps",
+    "1",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.enable_tensorboard",
+    "false",
+]
 
 
 # A short deterministic 2-rank FSDP run of the debug model, shared by the preemption, restart and
@@ -122,6 +161,54 @@ def resumed_step_and_same_losses(log: str, folder: Path, reference: dict[int, fl
     return int(resumed[0].rsplit(" ", 1)[1])
 
 
+def train(
+    nproc: int,
+    folder: Path,
+    *overrides: str,
+    base: list[str] = CHECKPOINTED_RUN,
+    expect_ok: bool = True,
+) -> subprocess.CompletedProcess:
+    """`python -m titanlite.train` on `nproc` gloo ranks: `base` (CHECKPOINTED_RUN unless told)
+    with its dump folder `folder`, then `overrides`."""
+    proc = torchrun(
+        nproc, ["-m", "titanlite.train"], [*base, "--job.dump_folder", str(folder), *overrides]
+    )
+    return check(proc) if expect_ok else proc
+
+
+def copy_step(src_folder: Path, step: int, dst_folder: Path) -> None:
+    """Checkpoint step-N of one run's dump folder into another's, as a relaunch would find it."""
+    shutil.copytree(
+        src_folder / "checkpoint" / f"step-{step}", dst_folder / "checkpoint" / f"step-{step}"
+    )
+
+
+def run_train(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """./run_train.sh with ONE_STEP, then `args`."""
+    return run_script("run_train.sh", [*ONE_STEP, *args], timeout=300, **env)
+
+
+def in_pairs(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
+    """Run {name: (args, env)} through run_train.sh two at a time (the CI machine has 2 cores)."""
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(run_train, a, **env) for name, (a, env) in cases.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    """The last non-empty line on stderr: what the user was told last."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def expect_one_line(proc: subprocess.CompletedProcess, code: int, *parts: str) -> None:
+    """The process exited `code`, and its last stderr line holds every one of `parts`."""
+    line = last_line(proc)
+    assert proc.returncode == code and all(p in line for p in parts), (
+        f"exit {proc.returncode}, last line {line!r}\n{proc.stderr[-3000:]}"
+    )
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -168,6 +255,28 @@ def tiny_llama_args(**overrides):
 
     shape = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, max_seq_len=64)
     return LlamaArgs(**{**shape, "bos_id": 0, "rope_scaling": None, **overrides})
+
+
+# Token ids that start and end a document in the document-masking tests' model.
+DOC_BOS, DOC_EOS = 1, 2
+
+
+def document_model_args(**overrides):
+    """A 2-block Llama of dim 64 over 40 token ids and 32 positions, masked block_causal with
+    documents starting at DOC_BOS: the document-masking and RoPE-position tests' model."""
+    from models.llama import LlamaArgs
+
+    shape = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=40, max_seq_len=32)
+    return LlamaArgs(**{**shape, "bos_id": DOC_BOS, "attn_mask_type": "block_causal", **overrides})
+
+
+def document_model(**overrides):
+    """That model, initialized with seed 0."""
+    from models.llama import Transformer
+
+    model = Transformer(document_model_args(**overrides))
+    model.init_weights(seed=0)
+    return model
 
 
 def make_hf_llama(

@@ -11,49 +11,21 @@ import time
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, check, clean_env, free_port, read_jsonl, torchrun
+from helpers import (
+    CHECKPOINTED_RUN,
+    FSDP2_TP2,
+    LAYOUTS,
+    ROOT,
+    check,
+    clean_env,
+    copy_step,
+    free_port,
+    losses_by_step,
+    torchrun,
+    train,
+)
 
 from titanlite.components.checkpoint.storage import complete_steps, load_full_state_dict
-
-COMMON = [
-    "--config",
-    str(DEBUG_CONFIG),
-    "--training.seq_len",
-    "64",
-    "--metrics.log_freq",
-    "1",
-    "--metrics.enable_tensorboard",
-    "false",
-    "--training.mixed_precision_param",
-    "float32",
-    "--training.deterministic",
-    "--checkpoint.enable_checkpoint",
-]
-FSDP2_TP2 = ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"]
-LAYOUTS = {
-    "one": (1, ["--training.local_batch_size", "8"]),
-    "fsdp2": (2, ["--training.local_batch_size", "4"]),
-    "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
-    "fsdp2_tp2": (4, FSDP2_TP2),
-    "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
-}
-
-
-def train(folder, nproc: int, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    proc = torchrun(
-        nproc, ["-m", "titanlite.train"], [*COMMON, "--job.dump_folder", str(folder), *args]
-    )
-    return check(proc) if expect_ok else proc
-
-
-def losses(folder) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(folder / "metrics.jsonl")}
-
-
-def copy_step(src_folder, step: int, dst_folder) -> None:
-    shutil.copytree(
-        src_folder / "checkpoint" / f"step-{step}", dst_folder / "checkpoint" / f"step-{step}"
-    )
 
 
 @pytest.mark.slow
@@ -61,12 +33,12 @@ def copy_step(src_folder, step: int, dst_folder) -> None:
 def test_resume_is_bit_exact(tmp_path, layout):
     nproc, args = LAYOUTS[layout]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    train(full, nproc, *args, "--training.steps", "10", "--checkpoint.interval", "5")
+    train(nproc, full, *args, "--training.steps", "10", "--checkpoint.interval", "5")
     assert complete_steps(full / "checkpoint") == [5, 10]
     copy_step(full, 5, resumed)
-    proc = train(resumed, nproc, *args, "--training.steps", "10", "--checkpoint.interval", "5")
+    proc = train(nproc, resumed, *args, "--training.steps", "10", "--checkpoint.interval", "5")
     assert "resuming at step 5" in proc.stderr
-    want, got = losses(full), losses(resumed)
+    want, got = losses_by_step(full), losses_by_step(resumed)
     assert sorted(got) == list(range(6, 11))
     assert all(got[s] == want[s] for s in range(6, 11)), (want, got)  # bit-identical
 
@@ -74,7 +46,7 @@ def test_resume_is_bit_exact(tmp_path, layout):
 @pytest.fixture(scope="module")
 def saved_2x2(tmp_path_factory):
     folder = tmp_path_factory.mktemp("saved_2x2")
-    train(folder, 4, *FSDP2_TP2, "--training.steps", "8", "--checkpoint.interval", "4")
+    train(4, folder, *FSDP2_TP2, "--training.steps", "8", "--checkpoint.interval", "4")
     return folder
 
 
@@ -88,8 +60,8 @@ def resume_matches(saved, folder, target: str) -> None:
     """Resume `saved`'s step 4 (of 8) on layout `target`: steps 5-8 within 1e-4."""
     copy_step(saved, 4, folder)
     nproc, args = LAYOUTS[target]
-    train(folder, nproc, *args, "--training.steps", "8", "--checkpoint.interval", "4")
-    want, got = losses(saved), losses(folder)
+    train(nproc, folder, *args, "--training.steps", "8", "--checkpoint.interval", "4")
+    want, got = losses_by_step(saved), losses_by_step(folder)
     assert sorted(got) == [5, 6, 7, 8]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
@@ -98,7 +70,7 @@ def resume_matches(saved, folder, target: str) -> None:
 @pytest.fixture(scope="module")
 def saved_cp2(tmp_path_factory):
     folder = tmp_path_factory.mktemp("saved_cp2")
-    train(folder, 2, *LAYOUTS["cp2"][1], "--training.steps", "8", "--checkpoint.interval", "4")
+    train(2, folder, *LAYOUTS["cp2"][1], "--training.steps", "8", "--checkpoint.interval", "4")
     return folder
 
 
@@ -113,10 +85,10 @@ def test_context_parallel_checkpoint_resumes_on_other_layouts(saved_cp2, tmp_pat
 @pytest.mark.slow
 def test_reshard_1_process_checkpoint_onto_2x2(tmp_path):
     one, target = tmp_path / "one", tmp_path / "target"
-    train(one, 1, *LAYOUTS["one"][1], "--training.steps", "8", "--checkpoint.interval", "4")
+    train(1, one, *LAYOUTS["one"][1], "--training.steps", "8", "--checkpoint.interval", "4")
     copy_step(one, 4, target)
-    train(target, 4, *FSDP2_TP2, "--training.steps", "8", "--checkpoint.interval", "4")
-    want, got = losses(one), losses(target)
+    train(4, target, *FSDP2_TP2, "--training.steps", "8", "--checkpoint.interval", "4")
+    want, got = losses_by_step(one), losses_by_step(target)
     assert sorted(got) == [5, 6, 7, 8]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s]
@@ -127,8 +99,8 @@ def test_async_save_equals_sync_save_and_retention(tmp_path):
     sync, asyn = tmp_path / "sync", tmp_path / "async"
     for folder, mode in ((sync, "disabled"), (asyn, "async")):
         train(
-            folder,
             2,
+            folder,
             *LAYOUTS["fsdp2"][1],
             "--training.steps",
             "8",
@@ -190,7 +162,7 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
         f"--master_port={free_port()}",
         "-m",
         "titanlite.train",
-        *COMMON,
+        *CHECKPOINTED_RUN,
         *big,
         *LAYOUTS["fsdp2"][1],
         "--training.steps",
@@ -231,8 +203,8 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
     survivors = complete_steps(ckpt)
     assert list(ckpt.glob(".step-*.partial")), "the interrupted save left no partial folder"
     resumed = train(
-        tmp_path,
         2,
+        tmp_path,
         *big,
         *LAYOUTS["fsdp2"][1],
         "--training.steps",
@@ -246,12 +218,12 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("small")
-    train(folder, 1, *LAYOUTS["one"][1], "--training.steps", "2", "--checkpoint.interval", "2")
+    train(1, folder, *LAYOUTS["one"][1], "--training.steps", "2", "--checkpoint.interval", "2")
     return folder
 
 
 def _resume_error(src, tmp_path, *extra: str) -> str:
-    proc = train(tmp_path, 1, *LAYOUTS["one"][1], "--training.steps", "4", *extra, expect_ok=False)
+    proc = train(1, tmp_path, *LAYOUTS["one"][1], "--training.steps", "4", *extra, expect_ok=False)
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("titanlite: error:")]
     assert lines, proc.stderr[-3000:]
@@ -308,7 +280,7 @@ def test_seed_checkpoint_gives_the_same_start_on_every_layout(tmp_path):
             1,
             ["-m", "titanlite.train"],
             [
-                *COMMON,
+                *CHECKPOINTED_RUN,
                 "--job.dump_folder",
                 str(seed),
                 "--checkpoint.create_seed_checkpoint",
@@ -323,19 +295,21 @@ def test_seed_checkpoint_gives_the_same_start_on_every_layout(tmp_path):
         folder = tmp_path / name
         copy_step(seed, 0, folder)
         nproc, args = LAYOUTS[name]
-        train(folder, nproc, *args, "--training.steps", "1", "--checkpoint.interval", "100")
-        first[name] = losses(folder)[1]
+        train(nproc, folder, *args, "--training.steps", "1", "--checkpoint.interval", "100")
+        first[name] = losses_by_step(folder)[1]
     plain = tmp_path / "plain"
-    train(plain, 1, *LAYOUTS["one"][1], "--training.steps", "1", "--checkpoint.interval", "100")
+    train(1, plain, *LAYOUTS["one"][1], "--training.steps", "1", "--checkpoint.interval", "100")
     assert abs(first["one"] - first["fsdp2_tp2"]) <= 1e-5 * first["one"]
-    assert first["one"] != losses(plain)[1]  # the seed checkpoint's weights were really used
+    assert (
+        first["one"] != losses_by_step(plain)[1]
+    )  # the seed checkpoint's weights were really used
 
 
 @pytest.mark.slow
 def test_weights_only_export_and_conversion_round_trip(tmp_path):
     train(
-        tmp_path,
         2,
+        tmp_path,
         *LAYOUTS["fsdp2"][1],
         "--training.steps",
         "2",

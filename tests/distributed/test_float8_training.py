@@ -4,7 +4,8 @@ tracks the high-precision run, and checkpoints move between float8 and high-prec
 import shutil
 
 import pytest
-from helpers import DEBUG_CONFIG, check, read_jsonl, torchrun
+from helpers import TINY_RUN, losses_by_step
+from helpers import train as train_run
 
 pytest.importorskip("torchao")
 
@@ -13,19 +14,9 @@ pytest.importorskip("torchao")
 # comparison runs in bf16 (scripts/bench_gpu.sh). The debug model keeps 2 of its 6 blocks:
 # on CPU each float8 cast of a DTensor is a handful of eagerly dispatched ops, ~0.5 s per block
 # per step on 4 gloo ranks sharing 2 cores, and 30 steps of two runs must stay cheap.
-COMMON = [
-    "--config",
-    str(DEBUG_CONFIG),
+F8_RUN = [
     "--model.n_layers",
     "2",
-    "--training.seq_len",
-    "64",
-    "--metrics.log_freq",
-    "1",
-    "--metrics.enable_tensorboard",
-    "false",
-    "--training.mixed_precision_param",
-    "float32",
     "--training.local_batch_size",
     "4",
     "--parallelism.tensor_parallel_degree",
@@ -39,24 +30,16 @@ COMMON = [
 FLOAT8 = ["--model.converters", "float8", "--float8.emulate", "true"]
 
 
-def train(folder, nproc: int, *args: str):
-    return check(
-        torchrun(
-            nproc, ["-m", "titanlite.train"], [*COMMON, "--job.dump_folder", str(folder), *args]
-        )
-    )
-
-
-def losses(folder) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(folder / "metrics.jsonl")}
+def train(nproc: int, folder, *overrides: str):
+    return train_run(nproc, folder, *F8_RUN, *overrides, base=TINY_RUN)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("float8")
     high, low = base / "high", base / "float8"
-    train(high, 4)
-    proc = train(low, 4, *FLOAT8)
+    train(4, high)
+    proc = train(4, low, *FLOAT8)
     return high, low, proc
 
 
@@ -65,7 +48,7 @@ def test_float8_fsdp2_tp2_tracks_high_precision(runs):
     high, low, proc = runs
     assert "float8: converting 14 of 15 Linear layers" in proc.stderr
     assert "skipped output: matches filter_fqns entry 'output'" in proc.stderr
-    want, got = losses(high), losses(low)
+    want, got = losses_by_step(high), losses_by_step(low)
     assert sorted(got) == sorted(want) == list(range(1, 31))
     worst = max(abs(got[s] - want[s]) / want[s] for s in got)
     print(
@@ -89,8 +72,8 @@ def test_checkpoints_move_between_float8_and_high_precision(runs, tmp_path, sour
     shutil.copytree(src / "checkpoint" / "step-15", tmp_path / "checkpoint" / "step-15")
     # One process: the checkpoint also changes layout (FSDP 2 x TP 2 -> 1), which is cheaper here.
     proc = train(
-        tmp_path,
         1,
+        tmp_path,
         *resume_args,
         "--training.steps",
         "17",
@@ -100,7 +83,7 @@ def test_checkpoints_move_between_float8_and_high_precision(runs, tmp_path, sour
         "16",
     )
     assert "resuming at step 15" in proc.stderr
-    got, want = losses(tmp_path), losses(src)
+    got, want = losses_by_step(tmp_path), losses_by_step(src)
     assert sorted(got) == [16, 17]
     # Step 16's loss is computed on the saved weights (a shorter run only changes the learning
     # rate from step 16 on): it follows the run that wrote them to within float8's rounding,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from helpers import make_hf_llama
-from test_checkpoint import COMMON, losses, train
+from helpers import CHECKPOINTED_RUN, losses_by_step, make_hf_llama, train
+from helpers import LAYOUTS as ALL_LAYOUTS
 
 from titanlite.build.assemble import cross_entropy_loss
 from titanlite.components.checkpoint import hf as hf_checkpoint
@@ -19,13 +19,7 @@ from titanlite.preflight import checks as preflight
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-LAYOUTS = {
-    "one": (1, ["--training.local_batch_size", "8"]),
-    "fsdp2_tp2": (
-        4,
-        ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"],
-    ),
-}
+LAYOUTS = {name: ALL_LAYOUTS[name] for name in ("one", "fsdp2_tp2")}
 # lr 0: the saved weights are the loaded ones exactly, whatever the layout's arithmetic. Causal
 # attention with every target counted: the loss transformers' forward gives.
 CONTINUE = [
@@ -43,7 +37,7 @@ CONTINUE = [
 
 def first_batch_loss(step, hf_folder) -> tuple[float, float]:
     """(titanlite's, transformers') loss on the first batch the trainer reads, 1 process."""
-    _, pre = preflight.run([*COMMON, *LAYOUTS["one"][1], *CONTINUE], 1)
+    _, pre = preflight.run([*CHECKPOINTED_RUN, *LAYOUTS["one"][1], *CONTINUE], 1)
     loader = build_dataloader(
         pre.dataset,
         Tokenizer(pre.tokenizer_path),
@@ -74,12 +68,12 @@ def test_imported_checkpoint_continues_training_and_every_layout_exports_the_sam
     first, exported = {}, {}
     for name, (nproc, args) in LAYOUTS.items():
         run = tmp_path / name
-        proc = train(run, nproc, *args, *CONTINUE, "--checkpoint.initial_load_path", str(imported))
+        proc = train(nproc, run, *args, *CONTINUE, "--checkpoint.initial_load_path", str(imported))
         assert "loaded model from" in proc.stderr
         assert (
             "other hyper-parameters" not in proc.stderr
         )  # the configured model is the imported one
-        first[name] = losses(run)[1]
+        first[name] = losses_by_step(run)[1]
         step = run / "checkpoint" / "step-1"
         assert read_manifest(step)["world_size"] == nproc
         exported[name] = tmp_path / f"{name}_hf"

@@ -9,20 +9,14 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, check, clean_env, make_hf_llama
-from test_checkpoint import losses, train
+from helpers import LAYOUTS as ALL_LAYOUTS
+from helpers import ROOT, check, clean_env, losses_by_step, make_hf_llama, train
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 STEPS = 3
-LAYOUTS = {
-    "one": (1, ["--training.local_batch_size", "8"]),
-    "fsdp2_tp2": (
-        4,
-        ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"],
-    ),
-}
+LAYOUTS = {name: ALL_LAYOUTS[name] for name in ("one", "fsdp2_tp2")}
 
 
 @pytest.mark.slow
@@ -40,9 +34,9 @@ def test_hf_start_matches_across_layouts_and_final_export_is_the_converters(tmp_
     ]
     got = {}
     for name, (nproc, args) in LAYOUTS.items():
-        proc = train(tmp_path / name, nproc, *args, *hf_args)
+        proc = train(nproc, tmp_path / name, *args, *hf_args)
         assert "loaded model from Hugging Face folder" in proc.stderr
-        got[name] = losses(tmp_path / name)
+        got[name] = losses_by_step(tmp_path / name)
     assert sorted(got["one"]) == list(range(1, STEPS + 1))
     for step, loss in got["one"].items():
         assert abs(got["fsdp2_tp2"][step] - loss) <= 1e-4, (step, got)

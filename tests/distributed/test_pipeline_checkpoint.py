@@ -3,8 +3,7 @@ FSDP 2 run resumes bit-exactly on its own layout and continues on one process, o
 PP 4 within 1e-4; a one-process checkpoint continues on PP 2 x TP 2."""
 
 import pytest
-from helpers import read_jsonl
-from test_checkpoint import LAYOUTS, copy_step, losses, train
+from helpers import LAYOUTS, copy_step, losses_by_step, read_jsonl, train
 
 from titanlite.components.checkpoint.storage import complete_steps
 
@@ -23,7 +22,7 @@ RUN = ["--training.steps", "8", "--checkpoint.interval", "4"]
 
 
 def assert_continues(reference, folder, exact: bool = False) -> None:
-    want, got = losses(reference), losses(folder)
+    want, got = losses_by_step(reference), losses_by_step(folder)
     assert sorted(got) == [5, 6, 7, 8]
     for s in got:
         if exact:
@@ -36,7 +35,7 @@ def assert_continues(reference, folder, exact: bool = False) -> None:
 def saved_pp2_fsdp2(tmp_path_factory):
     folder = tmp_path_factory.mktemp("saved_pp2_fsdp2")
     nproc, args = PP_LAYOUTS["pp2_fsdp2"]
-    train(folder, nproc, *args, *RUN)
+    train(nproc, folder, *args, *RUN)
     assert complete_steps(folder / "checkpoint") == [4, 8]
     for record in read_jsonl(folder / "metrics.jsonl"):  # each stage's peak memory is logged
         assert len(record["memory_gib_stages"]) == 2 and min(record["memory_gib_stages"]) > 0
@@ -48,7 +47,7 @@ def saved_pp2_fsdp2(tmp_path_factory):
 def test_pp2_fsdp2_checkpoint_resumes_on_its_layout_and_others(saved_pp2_fsdp2, tmp_path, target):
     copy_step(saved_pp2_fsdp2, 4, tmp_path)
     nproc, args = PP_LAYOUTS[target]
-    proc = train(tmp_path, nproc, *args, *RUN)
+    proc = train(nproc, tmp_path, *args, *RUN)
     assert "resuming at step 4" in proc.stderr
     assert_continues(saved_pp2_fsdp2, tmp_path, exact=target == "pp2_fsdp2")
 
@@ -56,8 +55,8 @@ def test_pp2_fsdp2_checkpoint_resumes_on_its_layout_and_others(saved_pp2_fsdp2, 
 @pytest.mark.slow
 def test_one_process_checkpoint_continues_on_pp2_tp2(tmp_path):
     one, target = tmp_path / "one", tmp_path / "target"
-    train(one, 1, *PP_LAYOUTS["one"][1], *RUN)
+    train(1, one, *PP_LAYOUTS["one"][1], *RUN)
     copy_step(one, 4, target)
     nproc, args = PP_LAYOUTS["pp2_tp2"]
-    train(target, nproc, *args, *RUN)
+    train(nproc, target, *args, *RUN)
     assert_continues(one, target)

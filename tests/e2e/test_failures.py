@@ -13,36 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, check, clean_env, run_script, save_hf_dataset
+from helpers import (
+    ROOT,
+    check,
+    clean_env,
+    expect_one_line,
+    in_pairs,
+    run_train,
+    save_hf_dataset,
+)
 
-TINY = [
-    "--training.steps",
-    "1",
-    "--training.seq_len",
-    "64",
-    "--training.local_batch_size",
-    "2",
-    "--metrics.enable_tensorboard",
-    "false",
-]
 BUILTIN_TOKENIZER = ROOT / "titanlite" / "assets" / "tokenizer" / "tokenizer.json"
 CORPUS = ROOT / "titanlite" / "assets" / "corpus"
-
-
-def last_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
-def expect(proc: subprocess.CompletedProcess, code: int, *parts: str) -> None:
-    line = last_line(proc)
-    assert proc.returncode == code and all(p in line for p in parts), (
-        f"exit {proc.returncode}, last line {line!r}\n{proc.stderr[-3000:]}"
-    )
-
-
-def train(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    return run_script("run_train.sh", [*TINY, *args], timeout=300, **env)
 
 
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -83,7 +65,7 @@ def craft_metadata(ckpt: Path, marker: Path) -> None:
 def saved_run(tmp_path_factory) -> Path:
     """A real 1-step run with a checkpoint (step-1), copied by the tests that damage it."""
     folder = tmp_path_factory.mktemp("saved_run")
-    check(train(["--job.dump_folder", str(folder), "--checkpoint.enable_checkpoint"]))
+    check(run_train(["--job.dump_folder", str(folder), "--checkpoint.enable_checkpoint"]))
     assert (folder / "checkpoint" / "step-1" / "manifest.json").is_file()
     return folder
 
@@ -96,13 +78,6 @@ def copy_run(saved_run: Path, dst: Path) -> Path:
 def no_tracebacks(runs: dict[str, subprocess.CompletedProcess]) -> None:
     for proc in runs.values():
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-
-
-def in_pairs(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
-    """Run {name: (args, env)} through run_train.sh two at a time (the CI machine has 2 cores)."""
-    with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(train, args, **env) for name, (args, env) in cases.items()}
-        return {name: f.result() for name, f in futures.items()}
 
 
 @pytest.mark.slow
@@ -136,11 +111,13 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
             "crafted": args("crafted"),
         }
     )
-    expect(got["truncated"], 2, "titanlite: error: cannot load", distcp.name, "(truncated?)")
-    expect(got["no_metadata"], 2, "titanlite: error: cannot load", ".metadata is missing")
-    expect(got["other_model"], 2, "model key 'tok_embeddings.weight' has shape (512, 256)")
-    expect(got["load_step"], 2, "checkpoint.load_step = 7", "complete: [1]")
-    expect(got["crafted"], 2, "names posix.system", "refusing to unpickle")
+    expect_one_line(
+        got["truncated"], 2, "titanlite: error: cannot load", distcp.name, "(truncated?)"
+    )
+    expect_one_line(got["no_metadata"], 2, "titanlite: error: cannot load", ".metadata is missing")
+    expect_one_line(got["other_model"], 2, "model key 'tok_embeddings.weight' has shape (512, 256)")
+    expect_one_line(got["load_step"], 2, "checkpoint.load_step = 7", "complete: [1]")
+    expect_one_line(got["crafted"], 2, "names posix.system", "refusing to unpickle")
     assert not marker.exists()
     for proc in got.values():  # preflight stopped them: no torchrun, no traceback
         assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
@@ -159,8 +136,8 @@ def test_errors_only_a_rank_sees_end_the_output_with_its_line_and_exit_code(save
         b = f.read(1)
         f.seek(1000)
         f.write(bytes([b[0] ^ 0xFF]))
-    proc = train(["--job.dump_folder", str(tmp_path), "--checkpoint.enable_checkpoint"])
-    expect(proc, 2, "titanlite: error: cannot load", "is corrupted (CRC32 differs")
+    proc = run_train(["--job.dump_folder", str(tmp_path), "--checkpoint.enable_checkpoint"])
+    expect_one_line(proc, 2, "titanlite: error: cannot load", "is corrupted (CRC32 differs")
     assert "ChildFailedError" not in proc.stderr and "=====" not in proc.stderr
     assert "exitcode  : 2" in (tmp_path / "torchrun.log").read_text()
 
@@ -175,10 +152,10 @@ def test_shard_crc_mismatch_through_run_train(tmp_path):
         b = f.read(1)
         f.seek(101)
         f.write(bytes([b[0] ^ 0x01]))
-    proc = train(
+    proc = run_train(
         ["--job.dump_folder", str(tmp_path / "run"), "--training.dataset_path", str(shards)]
     )
-    expect(proc, 2, "titanlite: error:", bin_file.name, "is corrupted")
+    expect_one_line(proc, 2, "titanlite: error:", bin_file.name, "is corrupted")
     assert "ChildFailedError" not in proc.stderr
 
 
@@ -212,9 +189,9 @@ def test_launcher_passes_the_rank_code_and_line(tmp_path):
     with ThreadPoolExecutor(2) as pool:
         got = dict(zip((3, 75, 130, 1), pool.map(launch, (3, 75, 130, 1))))
     for code in (3, 75, 130):
-        expect(got[code], code, f"rank 1 says goodbye with {code}")
+        expect_one_line(got[code], code, f"rank 1 says goodbye with {code}")
         assert "ChildFailedError" not in got[code].stderr
-    expect(got[1], 1, "titanlite: error: rank 1 exited with code 1: ValueError: a bug")
+    expect_one_line(got[1], 1, "titanlite: error: rank 1 exited with code 1: ValueError: a bug")
 
 
 def tokenizer_with_config(folder: Path, **cfg: str) -> Path:
@@ -276,23 +253,33 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
         ),
     }
     got = in_pairs(cases)
-    expect(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
-    expect(got["ckpt_is_file"], 2, "checkpoint.folder:", "is an existing file")
-    expect(got["unwritable"], 2, "job.dump_folder: cannot write to /proc/titanlite-cannot")
-    expect(got["config_folder"], 2, f"{tmp_path} is a folder; pass a .toml file")
-    expect(got["config_latin1"], 2, "latin1.toml: not UTF-8 text (byte 24")
-    expect(got["ngpu_abc"], 2, "NGPU=abc: expected a positive number")
-    expect(got["ngpu_0"], 2, "NGPU=0: expected a positive number")
-    expect(got["seq_len"], 2, "seq_len = 1000000000 is beyond the model's max_seq_len of 131072")
-    expect(got["bos_missing"], 2, "bos_token '<nope>' is not in the vocabulary")
-    expect(got["jsonl_malformed"], 2, "no readable document; 3 malformed record(s)", "a.jsonl:1")
-    expect(got["text_not_utf8"], 2, "no readable document; 1 malformed", "a.txt: not UTF-8")
-    expect(got["text_short"], 2, "tokens, fewer than one window of seq_len + 1 = 65")
-    expect(got["hf_column"], 2, "no column 'text' (columns: id, body); set the text field")
-    expect(got["hf_dict"], 2, "is a Hugging Face DatasetDict (splits: train); point it at")
-    expect(got["rope_causal"], 2, "rope_positions = 'document' needs attn_mask_type")
-    expect(got["budget_no_compile"], 2, "mode = 'memory_budget'", "needs training.compile = true")
-    expect(got["budget_range"], 2, "[activation_checkpoint] memory_budget = -0.1: must be >= 0.0")
+    expect_one_line(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
+    expect_one_line(got["ckpt_is_file"], 2, "checkpoint.folder:", "is an existing file")
+    expect_one_line(got["unwritable"], 2, "job.dump_folder: cannot write to /proc/titanlite-cannot")
+    expect_one_line(got["config_folder"], 2, f"{tmp_path} is a folder; pass a .toml file")
+    expect_one_line(got["config_latin1"], 2, "latin1.toml: not UTF-8 text (byte 24")
+    expect_one_line(got["ngpu_abc"], 2, "NGPU=abc: expected a positive number")
+    expect_one_line(got["ngpu_0"], 2, "NGPU=0: expected a positive number")
+    expect_one_line(
+        got["seq_len"], 2, "seq_len = 1000000000 is beyond the model's max_seq_len of 131072"
+    )
+    expect_one_line(got["bos_missing"], 2, "bos_token '<nope>' is not in the vocabulary")
+    expect_one_line(
+        got["jsonl_malformed"], 2, "no readable document; 3 malformed record(s)", "a.jsonl:1"
+    )
+    expect_one_line(
+        got["text_not_utf8"], 2, "no readable document; 1 malformed", "a.txt: not UTF-8"
+    )
+    expect_one_line(got["text_short"], 2, "tokens, fewer than one window of seq_len + 1 = 65")
+    expect_one_line(got["hf_column"], 2, "no column 'text' (columns: id, body); set the text field")
+    expect_one_line(got["hf_dict"], 2, "is a Hugging Face DatasetDict (splits: train); point it at")
+    expect_one_line(got["rope_causal"], 2, "rope_positions = 'document' needs attn_mask_type")
+    expect_one_line(
+        got["budget_no_compile"], 2, "mode = 'memory_budget'", "needs training.compile = true"
+    )
+    expect_one_line(
+        got["budget_range"], 2, "[activation_checkpoint] memory_budget = -0.1: must be >= 0.0"
+    )
     no_tracebacks(got)
     assert a_file.read_text() == "x"  # nothing overwritten
 
@@ -302,7 +289,7 @@ def test_shards_shorter_than_one_window_through_run_train(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("a few words, far fewer than one window")
     check(script("prepare_data.py", short, "--output", tmp_path / "shards", "--workers", "1"))
-    proc = train(
+    proc = run_train(
         [
             "--job.dump_folder",
             str(tmp_path / "run"),
@@ -310,7 +297,7 @@ def test_shards_shorter_than_one_window_through_run_train(tmp_path):
             str(tmp_path / "shards"),
         ]
     )
-    expect(proc, 2, "tokens, fewer than one window of training seq_len + 1 = 65")
+    expect_one_line(proc, 2, "tokens, fewer than one window of training seq_len + 1 = 65")
 
 
 def test_prepare_data_rerun_remakes_damaged_shards_and_refuses_bad_destinations(tmp_path):
@@ -345,7 +332,7 @@ def test_prepare_data_rerun_remakes_damaged_shards_and_refuses_bad_destinations(
         ((CORPUS, "--output", a_file / "sub"), "cannot create it"),
     ):
         proc = script("prepare_data.py", *args, "--workers", "1")
-        expect(proc, 2, "prepare: error:", words)
+        expect_one_line(proc, 2, "prepare: error:", words)
     assert not (tmp_path / "none" / "manifest.json").exists()
     assert a_file.read_text() == "x"
 
@@ -359,13 +346,13 @@ def test_convert_checkpoint_refuses_crafted_metadata_and_bad_destinations(saved_
         (a_file, f"{a_file} already exists"),
         (a_file / "model.pt", f"{a_file} is a file, not a folder"),
     ):
-        expect(script("convert_checkpoint.py", "dcp-to-torch", ck, dst), 2, words)
+        expect_one_line(script("convert_checkpoint.py", "dcp-to-torch", ck, dst), 2, words)
     good = tmp_path / "model.pt"
     check(script("convert_checkpoint.py", "dcp-to-torch", ck, good))  # the real one loads
     marker = tmp_path / "exploit-ran"
     craft_metadata(ck, marker)
     proc = script("convert_checkpoint.py", "dcp-to-torch", ck, tmp_path / "other.pt")
-    expect(proc, 2, "convert_checkpoint: error:", "names posix.system")
+    expect_one_line(proc, 2, "convert_checkpoint: error:", "names posix.system")
     assert not marker.exists()
 
 
@@ -402,12 +389,18 @@ def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
     for _, env in cases.values():
         env.setdefault("NGPU", "2")
     got = in_pairs(cases)
-    expect(got["schedule"], 2, "'2F2B' is not a schedule of torch.distributed.pipelining")
-    expect(got["few_microbatches"], 2, "needs at least as many micro-batches as stages (4)")
-    expect(got["microbatch_size"], 2, "local_batch_size = 2 is not divisible by pipeline_")
-    expect(got["layers"], 2, "1 block(s) do not split into 4 pipeline stages")
-    expect(got["validation"], 2, "under pipeline parallel validates with the training shapes")
-    expect(got["world"], 2, "world size 2 is not divisible by pipeline_parallel_degree (4)")
+    expect_one_line(got["schedule"], 2, "'2F2B' is not a schedule of torch.distributed.pipelining")
+    expect_one_line(
+        got["few_microbatches"], 2, "needs at least as many micro-batches as stages (4)"
+    )
+    expect_one_line(got["microbatch_size"], 2, "local_batch_size = 2 is not divisible by pipeline_")
+    expect_one_line(got["layers"], 2, "1 block(s) do not split into 4 pipeline stages")
+    expect_one_line(
+        got["validation"], 2, "under pipeline parallel validates with the training shapes"
+    )
+    expect_one_line(
+        got["world"], 2, "world size 2 is not divisible by pipeline_parallel_degree (4)"
+    )
     no_tracebacks(got)
 
 
@@ -426,8 +419,10 @@ def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
     for _, env in cases.values():
         env.setdefault("NGPU", "2")
     got = in_pairs(cases)
-    expect(got["seq_len"], 2, "training.seq_len = 90 is not divisible by 2 x context_parallel")
-    expect(got["alltoall"], 2, "context_parallel_rotate_method = 'alltoall' is not built")
-    expect(got["flex"], 2, "FlexAttention is not wired for it")
-    expect(got["world"], 2, "world size 2 is not divisible by context_parallel_degree (4)")
+    expect_one_line(
+        got["seq_len"], 2, "training.seq_len = 90 is not divisible by 2 x context_parallel"
+    )
+    expect_one_line(got["alltoall"], 2, "context_parallel_rotate_method = 'alltoall' is not built")
+    expect_one_line(got["flex"], 2, "FlexAttention is not wired for it")
+    expect_one_line(got["world"], 2, "world size 2 is not divisible by context_parallel_degree (4)")
     no_tracebacks(got)

@@ -2,8 +2,7 @@
 line, exit 2, before torchrun."""
 
 import pytest
-from helpers import make_hf_llama
-from test_failures import expect, in_pairs
+from helpers import expect_one_line, in_pairs, make_hf_llama
 
 pytest.importorskip("transformers")
 
@@ -29,8 +28,8 @@ def test_hf_initial_load_mistakes_stop_in_preflight(tmp_path):
             "no_path": args("no_path"),
         }
     )
-    expect(got["not_hf"], 2, "titanlite: error:", "has no config.json: not a Hugging Face")
-    expect(got["other_shape"], 2, "holds another model", "dim 256 (config.json) vs 128")
-    expect(got["no_path"], 2, "initial_load_in_hf needs initial_load_path")
+    expect_one_line(got["not_hf"], 2, "titanlite: error:", "has no config.json: not a Hugging Face")
+    expect_one_line(got["other_shape"], 2, "holds another model", "dim 256 (config.json) vs 128")
+    expect_one_line(got["no_path"], 2, "initial_load_in_hf needs initial_load_path")
     for proc in got.values():
         assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr

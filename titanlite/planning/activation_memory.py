@@ -44,7 +44,7 @@ positions. What attention needs of the whole sequence does not shrink with cp:
 
 The mask and the rows are made before the first block and are inputs of every block, so
 checkpointing keeps them whatever its mode. Measured on torch 2.13 CPU (SDPA's flash kernel for
-CPU) on 2 gloo ranks with saved-tensor hooks (tests/unit/test_activation_memory.py). On CUDA the
+CPU) on 2 gloo ranks with saved-tensor hooks (tests/unit/planning/test_activation_memory.py). On CUDA the
 kernel that takes a mask is memory-efficient attention, which saves the same inputs if it accepts
 grouped-query heads; not measured here: where it does not, SDPA falls back to the math kernel,
 which saves the seq/cp x seq attention probabilities of every head, and this formula does not
@@ -66,7 +66,7 @@ Activation checkpointing changes what each block keeps until backward:
   anyway). On the test model (2 blocks, dim 64, fp32, 2 x 64 tokens) the blocks kept 64, 642 and
   1222 KiB at b = 0, 0.5, 1 against the formula's 64, 803 and 1542 KiB; eager no AC kept 1606
   KiB, so compile's saving (24%) outweighs the formula's under-count of eager (4%)
-  (tests/unit/test_memory_budget.py).
+  (tests/unit/parallelisms/test_activation_checkpoint.py).
 Calibrated against torch's MemTracker on real CPU runs: see docs/dry_run.md.
 """
 

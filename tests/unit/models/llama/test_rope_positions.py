@@ -4,13 +4,13 @@ wherever packing put it in the window; "window" stays what it was (the table's f
 import dataclasses
 
 import pytest
-import test_document_mask
 import torch
+from helpers import DOC_BOS, DOC_EOS, document_model
 
 from models.llama import Transformer
 from models.llama.model import apply_rope, document_positions
 
-BOS, EOS = test_document_mask.BOS, test_document_mask.EOS
+BOS, EOS = DOC_BOS, DOC_EOS
 SEQ = 48
 
 
@@ -21,9 +21,7 @@ def _doc(n: int, seed: int) -> torch.Tensor:
 
 def _model(**overrides) -> Transformer:
     """The document-masking tests' model, with document positions unless overridden."""
-    return test_document_mask._model(
-        **{"max_seq_len": SEQ, "rope_positions": "document", **overrides}
-    )
+    return document_model(**{"max_seq_len": SEQ, "rope_positions": "document", **overrides})
 
 
 def test_positions_restart_at_each_bos_and_a_cut_document_counts_from_the_window_start():

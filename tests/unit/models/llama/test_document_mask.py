@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DOC_BOS, DOC_EOS, document_model, document_model_args
 
 import models.llama.model as llama_model
-from models.llama import LlamaArgs, Transformer
 from models.llama.model import block_causal_block_mask, block_causal_mask, document_ids
 from titanlite.build.assemble import (
     IGNORE_INDEX,
@@ -19,17 +19,8 @@ from titanlite.build.assemble import (
     ignore_boundary_targets,
 )
 
-BOS, EOS = 1, 2
-ARGS = LlamaArgs(
-    dim=64,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    vocab_size=40,
-    max_seq_len=32,
-    bos_id=BOS,
-    attn_mask_type="block_causal",
-)
+BOS, EOS = DOC_BOS, DOC_EOS
+ARGS = document_model_args()
 
 
 def _stream(lengths: list[int], seed: int = 0) -> torch.Tensor:
@@ -45,10 +36,7 @@ def _stream(lengths: list[int], seed: int = 0) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _model(**overrides) -> Transformer:
-    model = Transformer(dataclasses.replace(ARGS, **overrides))
-    model.init_weights(seed=0)
-    return model
+_model = document_model
 
 
 def test_document_ids_start_at_each_bos_and_a_cut_document_is_its_own():

@@ -2,13 +2,12 @@
 TorchTitan 0.3.0 run of its debugmodel recipe on CPU, seed 42, made with
 ../shared/tools/torchtitan_cpu/torchtitan_cpu.sh)."""
 
-from pathlib import Path
-
 import pytest
+from helpers import ROOT
 
 from titanlite.tools.torchtitan_log import is_torchtitan_log, read_torchtitan_log
 
-LOG = Path(__file__).parents[1] / "fixtures" / "torchtitan_logs" / "debugmodel_cpu_seed42.log"
+LOG = ROOT / "tests" / "fixtures" / "torchtitan_logs" / "debugmodel_cpu_seed42.log"
 
 
 def test_every_step_line_becomes_a_record_with_titanlites_keys():
