@@ -336,6 +336,22 @@ def load(argv: list[str]) -> JobConfig:
 def validate(cfg: JobConfig) -> None:
     """Checks that involve several keys; layout checks that need the world size live in
     parallelisms.parallel_dims."""
+    for check in (
+        _check_schedule_and_batch,
+        _check_activation_checkpoint,
+        _check_float8,
+        _check_validation,
+    ):
+        check(cfg)
+    p = cfg.parallelism
+    if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
+        raise ConfigError(
+            f"[parallelism] data_parallel_shard_degree = {p.data_parallel_shard_degree}: expected "
+            "-1 (use what the world size leaves) or a positive integer"
+        )
+
+
+def _check_schedule_and_batch(cfg: JobConfig) -> None:
     t, lr = cfg.training, cfg.lr_scheduler
     if lr.decay_ratio is not None and lr.decay_ratio > 1:
         raise ConfigError(f"[lr_scheduler] decay_ratio = {lr.decay_ratio}: must be within [0, 1]")
@@ -352,6 +368,9 @@ def validate(cfg: JobConfig) -> None:
             f"[training] global_batch_size = {t.global_batch_size} is not a multiple of "
             f"local_batch_size = {t.local_batch_size}"
         )
+
+
+def _check_activation_checkpoint(cfg: JobConfig) -> None:
     ac = cfg.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         if not ac.selective_ac_option.isdigit() or int(ac.selective_ac_option) < 1:
@@ -359,11 +378,14 @@ def validate(cfg: JobConfig) -> None:
                 f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r}: "
                 "expected a positive integer (every N-th block) or 'op'"
             )
-    if ac.mode == "memory_budget" and not t.compile:
+    if ac.mode == "memory_budget" and not cfg.training.compile:
         raise ConfigError(
             "[activation_checkpoint] mode = 'memory_budget' is torch.compile's choice of what to "
             "recompute and needs training.compile = true (or pick mode 'full' or 'selective')"
         )
+
+
+def _check_float8(cfg: JobConfig) -> None:
     f8 = cfg.float8
     if (
         "float8" in cfg.model.converters
@@ -374,7 +396,10 @@ def validate(cfg: JobConfig) -> None:
             "[float8] precompute_float8_dynamic_scale_for_fsdp acts only on weights all-gathered "
             "in float8; set enable_fsdp_float8_all_gather = true or turn it off"
         )
-    v = cfg.validation
+
+
+def _check_validation(cfg: JobConfig) -> None:
+    v, t = cfg.validation, cfg.training
     if v.enabled and not v.dataset_path:
         raise ConfigError(
             "[validation] enabled = true needs validation.dataset_path (held-out text or prepared "
@@ -388,12 +413,6 @@ def validate(cfg: JobConfig) -> None:
     if v.steps == 0 or v.steps < -1:
         raise ConfigError(
             f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer"
-        )
-    p = cfg.parallelism
-    if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
-        raise ConfigError(
-            f"[parallelism] data_parallel_shard_degree = {p.data_parallel_shard_degree}: expected "
-            "-1 (use what the world size leaves) or a positive integer"
         )
 
 
