@@ -301,25 +301,13 @@ def check_first_window(source, tokenizer, seq_len: int, text_field: str, what: s
 
 
 def checkpoint_to_load(job: JobConfig) -> Path | None:
-    """The checkpoint the trainer will load, by the rules of CheckpointManager.load; None for a
-    fresh start. CheckpointError when checkpoint.load_step names no complete checkpoint."""
-    from titanlite.components.checkpoint.storage import CheckpointError, complete_steps, step_dir
+    """The checkpoint the trainer will load (the rule of components/checkpoint/resume.py, which
+    CheckpointManager.load follows); None for a fresh start. CheckpointError when
+    checkpoint.load_step names no complete checkpoint."""
+    from titanlite.components.checkpoint.resume import resume_point
 
-    c = job.checkpoint
-    if not (c.enable_checkpoint or c.create_seed_checkpoint):
-        return None
-    folder = Path(job.job.dump_folder) / c.folder
-    steps = complete_steps(folder)
-    if c.load_step >= 0:
-        if c.load_step not in steps:
-            raise CheckpointError(
-                f"checkpoint.load_step = {c.load_step}: {step_dir(folder, c.load_step)} "
-                f"is not a complete checkpoint (complete: {steps or 'none'})"
-            )
-        return step_dir(folder, c.load_step)
-    if steps:
-        return step_dir(folder, steps[-1])
-    return Path(c.initial_load_path) if c.initial_load_path else None
+    point = resume_point(job.checkpoint, Path(job.job.dump_folder) / job.checkpoint.folder)
+    return None if point is None else point.path
 
 
 def check_checkpoint(job: JobConfig, args) -> None:
