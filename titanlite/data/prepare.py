@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from titanlite.core.io import atomic_write_text, file_crc32
+from titanlite.core.errors import report
+from titanlite.core.io import atomic_write_text, atomic_writer, file_crc32
 from titanlite.data.documents import DatasetError, SkippedRecords, list_files
 from titanlite.data.segments import (
     HFSource,
@@ -63,7 +64,6 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     """Write shard `index` from `piece`; return its manifest entry (also written as .json)."""
     tok: Tokenizer = _worker["tokenizer"]
     name, out_dir, skipped = f"shard_{index:05d}", Path(out), SkippedRecords()
-    bin_tmp, idx_tmp = out_dir / f"{name}.bin.tmp", out_dir / f"{name}.idx.tmp"
     entry: dict[str, Any] = {
         "name": name,
         "tokens": 0,
@@ -76,7 +76,7 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     offsets = [0]
     dt = np.dtype(dtype).newbyteorder("<")
     texts = (t for seg in piece for t in read_segment(seg, text_field, skipped))
-    with bin_tmp.open("wb") as fb:
+    with atomic_writer(out_dir / f"{name}.bin") as fb:
         while batch := list(_take_chars(texts, _ENCODE_CHARS)):
             docs = tok.encode_documents(batch)
             n = sum(map(len, docs))
@@ -92,7 +92,8 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
             if _worker["progress"] is not None:
                 _worker["progress"].put((sum(map(len, batch)), n))
     idx = np.asarray(offsets, dtype="<u8")
-    idx.tofile(idx_tmp)
+    with atomic_writer(out_dir / f"{name}.idx") as fi:
+        fi.write(idx.data)
     entry["idx_crc32"] = zlib.crc32(idx.data)
     entry.update(
         source=[segment_record(s) for s in piece],
@@ -101,8 +102,6 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
         skipped=skipped.count,
         skipped_examples=skipped.examples,
     )
-    bin_tmp.replace(out_dir / f"{name}.bin")
-    idx_tmp.replace(out_dir / f"{name}.idx")
     _write_json(out_dir / f"{name}.json", entry)  # last: the shard is complete
     return entry
 
@@ -386,8 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             else None,
         )
     except (DatasetError, TokenizerError) as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
+        return report(e, prog="prepare")
     took = time.perf_counter() - start
     print(
         f"prepare: {m['tokens']:,} tokens, {m['documents']:,} documents in {len(m['shards'])} "
@@ -401,8 +399,7 @@ def verify(path: Path) -> int:
     try:
         shards = ShardSet(path, key="--verify")
     except DatasetError as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
+        return report(e, prog="prepare")
     problems = shards.verify_checksums()
     for p in problems:
         print(f"  - {p}")
