@@ -210,6 +210,27 @@ def prepare(
     under `output`; return the manifest. workers = 1 tokenizes in this process."""
     tok_path = resolve_tokenizer_path(tokenizer_path)
     tok = Tokenizer(tok_path)
+    _open_output(output, tok)
+    pieces, sources = _plan(inputs, hf, max(1, int(shard_mb * 2**20)), text_field)
+    dtype = dtype_for(tok.vocab_size)
+    entries, todo = _resume(output, pieces, text_field, tok, dtype, quiet)
+    progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
+    args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
+    entries.update(_tokenize(args, str(tok_path), workers, progress))
+    manifest = _manifest(entries, tok, dtype, text_field, sources)
+    if manifest["tokens"] == 0:  # a manifest of no shards would only fail later, in training
+        example = manifest["skipped_examples"][:1]
+        raise DatasetError(
+            f"the input yields no tokens ({manifest['skipped_records']} malformed records"
+            + (f", e.g. {example[0]}" if example else "")
+            + "); nothing to train on"
+        )
+    _write_json(output / MANIFEST, manifest, indent=1)
+    return manifest
+
+
+def _open_output(output: Path, tok: Tokenizer) -> None:
+    """The --output folder, created if need be, holding no shards of another tokenizer."""
     if output.exists() and not output.is_dir():
         raise DatasetError(f"--output {output} is an existing file; give a folder")
     try:
@@ -217,13 +238,28 @@ def prepare(
     except OSError as e:
         raise DatasetError(f"--output {output}: cannot create it ({e.strerror or e})") from None
     _refuse_other_tokenizer(output, tok)
-    target = max(1, int(shard_mb * 2**20))
+
+
+def _plan(
+    inputs: list[Path], hf: HFSource | None, target: int, text_field: str
+) -> tuple[list[list[Segment]], list[str]]:
+    """The pieces of about `target` bytes of text, one shard each, and the sources' names."""
     if hf is not None:
-        pieces, sources = plan_hf(hf, target, text_field), [f"hf:{hf.name}"]
-    else:
-        files = [f for p in inputs for f in list_files(p, key="prepare input")]
-        pieces, sources = plan_files(files, target), [str(p) for p in inputs]
-    dtype = dtype_for(tok.vocab_size)
+        return plan_hf(hf, target, text_field), [f"hf:{hf.name}"]
+    files = [f for p in inputs for f in list_files(p, key="prepare input")]
+    return plan_files(files, target), [str(p) for p in inputs]
+
+
+def _resume(
+    output: Path,
+    pieces: list[list[Segment]],
+    text_field: str,
+    tok: Tokenizer,
+    dtype: str,
+    quiet: bool,
+) -> tuple[dict[int, dict], list[int]]:
+    """The entries of the shards an earlier run finished from these same pieces, and the
+    indices of the pieces still to tokenize; shards beyond this plan's end are removed."""
     entries: dict[int, dict] = {}
     todo = []
     itemsize = np.dtype(dtype).itemsize
@@ -243,29 +279,26 @@ def prepare(
             f"prepare: {len(entries)} of {len(pieces)} shards already done, skipped",
             file=sys.stderr,
         )
-    progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
-    args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
-    if workers <= 1 or len(todo) <= 1:
+    return entries, todo
+
+
+def _tokenize(
+    args: list[tuple], tok_path: str, workers: int, progress: Progress | None
+) -> dict[int, dict]:
+    """Run tokenize_piece on each of `args`: in this process, or in a pool of `workers`."""
+    entries: dict[int, dict] = {}
+    if workers <= 1 or len(args) <= 1:
         queue = _Inline(progress)
-        _init_worker(str(tok_path), queue, single_thread=False)
+        _init_worker(tok_path, queue, single_thread=False)
         for a in args:
             entries[a[0]] = tokenize_piece(*a)
     else:
-        entries.update(_run_pool(args, str(tok_path), workers, progress))
-    if progress is not None and todo:
+        entries.update(_run_pool(args, tok_path, workers, progress))
+    if progress is not None and args:
         progress.add(0, 0, force=True)
         if progress.tty:
             print(file=sys.stderr)
-    manifest = _manifest(entries, tok, dtype, text_field, sources)
-    if manifest["tokens"] == 0:  # a manifest of no shards would only fail later, in training
-        example = manifest["skipped_examples"][:1]
-        raise DatasetError(
-            f"the input yields no tokens ({manifest['skipped_records']} malformed records"
-            + (f", e.g. {example[0]}" if example else "")
-            + "); nothing to train on"
-        )
-    _write_json(output / MANIFEST, manifest, indent=1)
-    return manifest
+    return entries
 
 
 class _Inline:
