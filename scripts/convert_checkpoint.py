@@ -31,6 +31,7 @@ from titanlite.components.checkpoint.storage import (
 )
 from titanlite.config.loader import ConfigError
 from titanlite.core.dtypes import DTYPES
+from titanlite.core.errors import report
 
 _UNITS = {
     "": 1,
@@ -160,12 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 hf_checkpoint.hf_to_dcp(args.src, args.dst, dtype=dtype, report=_stderr)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
-        print(f"convert_checkpoint: error: {e}", file=sys.stderr)
-        return 2
+        return report(e, prog="convert_checkpoint")
     except OSError as e:  # the disk or a path refused: say which, in one line
         where = e.filename or args.dst
-        print(f"convert_checkpoint: error: {where}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return report(f"{where}: {e.strerror or e}", prog="convert_checkpoint")
     print(f"wrote {args.dst} in {time.perf_counter() - start:.1f}s")
     return 0
 

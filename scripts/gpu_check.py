@@ -47,6 +47,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a file, this process has scripts/ on its path, not the checkout it belongs to.
+sys.path.insert(0, str(ROOT))
+from titanlite.core.errors import USER_ERROR  # noqa: E402
+
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
 
 GRAD_REL_BOUND = 1e-4
@@ -151,8 +155,6 @@ def result(check: str, name: str, status: str, figure: str, bound: str, **extra)
 def grads_worker(out_json: Path, argv: list[str]) -> int:
     """Build the real Trainer twice (eager, then training.compile) from the same seed, run one
     train_step on the same first batch with clipping off, and compare every parameter's .grad."""
-    # Run as a file, this process has scripts/ on its path, not the checkout it belongs to.
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from titanlite.preflight import checks as preflight
@@ -502,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(args.smoke, args.out, work, args.timeout)
         if ctx.cuda is None and not args.smoke:
             print("gpu_check: no CUDA device; use --smoke for the CPU rehearsal", file=sys.stderr)
-            return 2
+            return USER_ERROR
         where = (
             f"{ctx.cuda['name']} (compute capability {ctx.cuda['capability']}, "
             f"{ctx.cuda['memory_gib']:.1f} GiB)"

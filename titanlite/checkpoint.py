@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 
 from titanlite.components.checkpoint.storage import read_manifest, verify
+from titanlite.core.errors import USER_ERROR
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "verify":
         print("usage: python -m titanlite.checkpoint verify PATH", file=sys.stderr)
-        return 2
+        return USER_ERROR
     path = Path(argv[1])
     problems = verify(path)
     if problems:

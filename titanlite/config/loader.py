@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import math
 import os
 import sys
@@ -294,13 +295,17 @@ def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def resolve_config_path(path: str) -> Path:
-    """A bare preset name (`llama_8b.toml`) means the one in train_configs/."""
+    """A bare preset name (`llama_8b.toml`) means the one in train_configs/: installed with the
+    package as titanlite/presets/ (pyproject.toml maps the folder there), or a checkout's own."""
     p = Path(path)
     if p.exists():
         return p
-    preset = Path(__file__).resolve().parents[2] / "train_configs" / p.name
-    if len(p.parts) == 1 and preset.exists():
-        return preset
+    if len(p.parts) == 1:
+        installed = importlib.resources.files("titanlite") / "presets" / p.name
+        checkout = Path(__file__).resolve().parents[2] / "train_configs" / p.name
+        for preset in (installed, checkout):
+            if isinstance(preset, Path) and preset.exists():
+                return preset
     raise ConfigError(f"config file {path} does not exist; pass a path or a name in train_configs/")
 
 

@@ -21,12 +21,13 @@ class EnvironmentProblem(RuntimeError):
     """A missing or too old package, or a machine that cannot do what the config asks."""
 
 
-def error_line(problem: object) -> str:
-    """The one line that says what is wrong and how to fix it."""
-    return f"titanlite: error: {problem}"
+def error_line(problem: object, prog: str = "titanlite") -> str:
+    """The one line that says what is wrong and how to fix it; `prog` names the tool that says
+    it (prepare, convert_checkpoint, ...)."""
+    return f"{prog}: error: {problem}"
 
 
-def report(problem: object, code: int = USER_ERROR) -> int:
+def report(problem: object, code: int = USER_ERROR, prog: str = "titanlite") -> int:
     """Print the error line on stderr; the exit code to return."""
-    print(error_line(problem), file=sys.stderr)
+    print(error_line(problem, prog), file=sys.stderr)
     return code

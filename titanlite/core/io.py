@@ -4,16 +4,33 @@ and the run's own records rely on."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 _CHUNK = 1 << 22  # 4 MiB reads: large enough for full disk speed, small enough for any memory
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `path` through a temporary file renamed over it: a crash leaves the old file or
     the new one, never half of either."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = _temporary(path)
     tmp.write_text(text)
+    tmp.replace(path)
+
+
+@contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """A binary file to stream `path` into, renamed over `path` when the block ends without an
+    error (as atomic_write_text); after an error the temporary file is left as it is."""
+    tmp = _temporary(path)
+    with tmp.open("wb") as f:
+        yield f
     tmp.replace(path)
 
 

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from titanlite.core.io import atomic_write_text, file_crc32
+from titanlite.core.errors import report
+from titanlite.core.io import atomic_write_text, atomic_writer, file_crc32
 from titanlite.data.documents import DatasetError, SkippedRecords, list_files
 from titanlite.data.segments import (
     HFSource,
@@ -63,7 +64,6 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     """Write shard `index` from `piece`; return its manifest entry (also written as .json)."""
     tok: Tokenizer = _worker["tokenizer"]
     name, out_dir, skipped = f"shard_{index:05d}", Path(out), SkippedRecords()
-    bin_tmp, idx_tmp = out_dir / f"{name}.bin.tmp", out_dir / f"{name}.idx.tmp"
     entry: dict[str, Any] = {
         "name": name,
         "tokens": 0,
@@ -76,7 +76,7 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
     offsets = [0]
     dt = np.dtype(dtype).newbyteorder("<")
     texts = (t for seg in piece for t in read_segment(seg, text_field, skipped))
-    with bin_tmp.open("wb") as fb:
+    with atomic_writer(out_dir / f"{name}.bin") as fb:
         while batch := list(_take_chars(texts, _ENCODE_CHARS)):
             docs = tok.encode_documents(batch)
             n = sum(map(len, docs))
@@ -92,7 +92,8 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
             if _worker["progress"] is not None:
                 _worker["progress"].put((sum(map(len, batch)), n))
     idx = np.asarray(offsets, dtype="<u8")
-    idx.tofile(idx_tmp)
+    with atomic_writer(out_dir / f"{name}.idx") as fi:
+        fi.write(idx.data)
     entry["idx_crc32"] = zlib.crc32(idx.data)
     entry.update(
         source=[segment_record(s) for s in piece],
@@ -101,8 +102,6 @@ def tokenize_piece(index: int, piece: list[Segment], out: str, text_field: str, 
         skipped=skipped.count,
         skipped_examples=skipped.examples,
     )
-    bin_tmp.replace(out_dir / f"{name}.bin")
-    idx_tmp.replace(out_dir / f"{name}.idx")
     _write_json(out_dir / f"{name}.json", entry)  # last: the shard is complete
     return entry
 
@@ -211,6 +210,27 @@ def prepare(
     under `output`; return the manifest. workers = 1 tokenizes in this process."""
     tok_path = resolve_tokenizer_path(tokenizer_path)
     tok = Tokenizer(tok_path)
+    _open_output(output, tok)
+    pieces, sources = _plan(inputs, hf, max(1, int(shard_mb * 2**20)), text_field)
+    dtype = dtype_for(tok.vocab_size)
+    entries, todo = _resume(output, pieces, text_field, tok, dtype, quiet)
+    progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
+    args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
+    entries.update(_tokenize(args, str(tok_path), workers, progress))
+    manifest = _manifest(entries, tok, dtype, text_field, sources)
+    if manifest["tokens"] == 0:  # a manifest of no shards would only fail later, in training
+        example = manifest["skipped_examples"][:1]
+        raise DatasetError(
+            f"the input yields no tokens ({manifest['skipped_records']} malformed records"
+            + (f", e.g. {example[0]}" if example else "")
+            + "); nothing to train on"
+        )
+    _write_json(output / MANIFEST, manifest, indent=1)
+    return manifest
+
+
+def _open_output(output: Path, tok: Tokenizer) -> None:
+    """The --output folder, created if need be, holding no shards of another tokenizer."""
     if output.exists() and not output.is_dir():
         raise DatasetError(f"--output {output} is an existing file; give a folder")
     try:
@@ -218,13 +238,28 @@ def prepare(
     except OSError as e:
         raise DatasetError(f"--output {output}: cannot create it ({e.strerror or e})") from None
     _refuse_other_tokenizer(output, tok)
-    target = max(1, int(shard_mb * 2**20))
+
+
+def _plan(
+    inputs: list[Path], hf: HFSource | None, target: int, text_field: str
+) -> tuple[list[list[Segment]], list[str]]:
+    """The pieces of about `target` bytes of text, one shard each, and the sources' names."""
     if hf is not None:
-        pieces, sources = plan_hf(hf, target, text_field), [f"hf:{hf.name}"]
-    else:
-        files = [f for p in inputs for f in list_files(p, key="prepare input")]
-        pieces, sources = plan_files(files, target), [str(p) for p in inputs]
-    dtype = dtype_for(tok.vocab_size)
+        return plan_hf(hf, target, text_field), [f"hf:{hf.name}"]
+    files = [f for p in inputs for f in list_files(p, key="prepare input")]
+    return plan_files(files, target), [str(p) for p in inputs]
+
+
+def _resume(
+    output: Path,
+    pieces: list[list[Segment]],
+    text_field: str,
+    tok: Tokenizer,
+    dtype: str,
+    quiet: bool,
+) -> tuple[dict[int, dict], list[int]]:
+    """The entries of the shards an earlier run finished from these same pieces, and the
+    indices of the pieces still to tokenize; shards beyond this plan's end are removed."""
     entries: dict[int, dict] = {}
     todo = []
     itemsize = np.dtype(dtype).itemsize
@@ -244,29 +279,26 @@ def prepare(
             f"prepare: {len(entries)} of {len(pieces)} shards already done, skipped",
             file=sys.stderr,
         )
-    progress = Progress(sum(s.nbytes for i in todo for s in pieces[i])) if not quiet else None
-    args = [(i, pieces[i], str(output), text_field, dtype) for i in todo]
-    if workers <= 1 or len(todo) <= 1:
+    return entries, todo
+
+
+def _tokenize(
+    args: list[tuple], tok_path: str, workers: int, progress: Progress | None
+) -> dict[int, dict]:
+    """Run tokenize_piece on each of `args`: in this process, or in a pool of `workers`."""
+    entries: dict[int, dict] = {}
+    if workers <= 1 or len(args) <= 1:
         queue = _Inline(progress)
-        _init_worker(str(tok_path), queue, single_thread=False)
+        _init_worker(tok_path, queue, single_thread=False)
         for a in args:
             entries[a[0]] = tokenize_piece(*a)
     else:
-        entries.update(_run_pool(args, str(tok_path), workers, progress))
-    if progress is not None and todo:
+        entries.update(_run_pool(args, tok_path, workers, progress))
+    if progress is not None and args:
         progress.add(0, 0, force=True)
         if progress.tty:
             print(file=sys.stderr)
-    manifest = _manifest(entries, tok, dtype, text_field, sources)
-    if manifest["tokens"] == 0:  # a manifest of no shards would only fail later, in training
-        example = manifest["skipped_examples"][:1]
-        raise DatasetError(
-            f"the input yields no tokens ({manifest['skipped_records']} malformed records"
-            + (f", e.g. {example[0]}" if example else "")
-            + "); nothing to train on"
-        )
-    _write_json(output / MANIFEST, manifest, indent=1)
-    return manifest
+    return entries
 
 
 class _Inline:
@@ -386,8 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             else None,
         )
     except (DatasetError, TokenizerError) as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
+        return report(e, prog="prepare")
     took = time.perf_counter() - start
     print(
         f"prepare: {m['tokens']:,} tokens, {m['documents']:,} documents in {len(m['shards'])} "
@@ -401,8 +432,7 @@ def verify(path: Path) -> int:
     try:
         shards = ShardSet(path, key="--verify")
     except DatasetError as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
+        return report(e, prog="prepare")
     problems = shards.verify_checksums()
     for p in problems:
         print(f"  - {p}")

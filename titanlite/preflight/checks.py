@@ -7,7 +7,6 @@ run_train.sh does before torchrun) and exits 2 with one line on the first proble
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -17,13 +16,14 @@ from typing import TYPE_CHECKING
 from titanlite.config.loader import ConfigError, load
 from titanlite.config.schema import JobConfig
 from titanlite.core.errors import EnvironmentProblem, report
+from titanlite.preflight.checkpoint import check_checkpoint, check_seed_checkpoint
+from titanlite.preflight.data import check_windows, open_datasets
+from titanlite.preflight.environment import check_environment
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
     from models.llama import LlamaArgs
     from parallelisms import ParallelDims
-    from titanlite.data import DataSource
-
-MIN_TORCH = (2, 7)
+    from titanlite.data import DataSource, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -38,41 +38,6 @@ class Preflight:
     grad_accum_steps: int
 
 
-def check_environment(job: JobConfig) -> None:
-    try:
-        import torch
-    except ImportError:
-        raise EnvironmentProblem("torch is not installed: pip install 'torch>=2.7'") from None
-    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if version < MIN_TORCH:
-        raise EnvironmentProblem(
-            f"torch {torch.__version__} is older than the minimum "
-            f"{'.'.join(map(str, MIN_TORCH))}: pip install --upgrade 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'"
-        )
-    for module, package in (("torchdata", "torchdata"), ("tokenizers", "tokenizers")):
-        try:
-            __import__(module)
-        except ImportError:
-            raise EnvironmentProblem(f"{package} is not installed: pip install {package}") from None
-    from titanlite.preflight.float8 import torchao_missing
-
-    if (problem := torchao_missing(job)) is not None:
-        raise EnvironmentProblem(problem)
-    if job.metrics.enable_tensorboard:
-        try:
-            import tensorboard  # noqa: F401
-        except ImportError:
-            raise EnvironmentProblem(
-                "metrics.enable_tensorboard needs tensorboard: pip install tensorboard "
-                "(or set --metrics.enable_tensorboard false)"
-            ) from None
-    if job.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
-        raise EnvironmentProblem(
-            "metrics.enable_wandb needs wandb: pip install 'titanlite[wandb]' (or set "
-            "--metrics.enable_wandb false)"
-        )
-
-
 def check(
     job: JobConfig, world_size: int, device: str | None = None, vocab_size: int | None = None
 ) -> Preflight:
@@ -82,12 +47,30 @@ def check(
     given `vocab_size` stands in for the tokenizer; then the tokenizer and dataset paths, which
     live on the cluster, are not checked."""
     check_environment(job)
-    from parallelisms import LayoutError, ParallelDims, check_layout
-    from parallelisms.context_parallel import check_context_parallel
     from titanlite.core.distributed import device_type
-    from titanlite.data import Tokenizer, open_dataset, resolve_dataset_path, resolve_tokenizer_path
+
+    target = device or device_type()
+    tokenizer_path, tokenizer, args = check_model(job, vocab_size)
+    dims = check_parallelism(job, world_size, args, target)
+    check_devices(job, dims, target, planning=device is not None)
+    check_seed_checkpoint(job, world_size)
+    dataset = validation = None
+    if tokenizer is not None:  # not a dry run: the files are here to check
+        dataset, validation = open_datasets(job, tokenizer)
+        check_output_paths(job)
+        check_windows(job, dataset, validation, tokenizer)
+        check_checkpoint(job, args)
+    check_profiling(job)
+    return Preflight(
+        dims, args, tokenizer_path, dataset, validation, grad_accum_steps(job, dims.dp_size)
+    )
+
+
+def check_model(job: JobConfig, vocab_size: int | None) -> tuple[Path, Tokenizer | None, LlamaArgs]:
+    """The flavor, the tokenizer (None when a dry run's `vocab_size` stands in for it), the
+    sequence length and the model's arguments."""
+    from titanlite.data import Tokenizer, resolve_tokenizer_path
     from titanlite.families import get_family, model_args
-    from titanlite.preflight import float8
 
     spec = get_family(job.model.name).model
     if job.model.flavor not in spec.flavors:
@@ -95,8 +78,7 @@ def check(
             f"[model] flavor = {job.model.flavor!r}: unknown for {job.model.name}; "
             f"expected one of {', '.join(spec.flavors)}"
         )
-    planning = vocab_size is not None
-    bos_id = -1
+    tokenizer, bos_id = None, -1
     if vocab_size is None:
         tokenizer_path = resolve_tokenizer_path(job.model.tokenizer_path)
         tokenizer = Tokenizer(tokenizer_path)
@@ -109,6 +91,16 @@ def check(
         args.check()
     except ValueError as e:
         raise ConfigError(f"[model] {e}") from None
+    return tokenizer_path, tokenizer, args
+
+
+def check_parallelism(
+    job: JobConfig, world_size: int, args: LlamaArgs, device_type: str
+) -> ParallelDims:
+    """The parallel degrees resolved for `world_size`, and the layout they make (context and
+    pipeline parallel included) checked against the model and the batch."""
+    from parallelisms import LayoutError, ParallelDims, check_layout
+    from parallelisms.context_parallel import check_context_parallel
 
     p, t = job.parallelism, job.training
     dims = ParallelDims.resolve(
@@ -139,7 +131,7 @@ def check(
         seq_len=t.seq_len,
         local_batch_size=t.local_batch_size,
         global_batch_size=t.global_batch_size,
-        device_type=device or device_type(),
+        device_type=device_type,
         async_tp=p.enable_async_tensor_parallel,
         compile=t.compile,
     )
@@ -148,23 +140,27 @@ def check(
             f"validation.seq_len = {v_seq} is not divisible by tensor_parallel_degree = "
             f"{dims.tp} (sequence parallel splits the sequence over the tp ranks)"
         )
-    float8.check(
-        job,
-        fsdp_enabled=dims.fsdp_enabled,
-        device_type=device or device_type(),
-        planning=device is not None,
-    )
-    if job.model.attn_type == "flex" and (device or device_type()) == "cpu":
+    return dims
+
+
+def check_devices(job: JobConfig, dims: ParallelDims, device_type: str, planning: bool) -> None:
+    """What the device type can run: float8, FlexAttention's backward, the CUDA memory
+    snapshot, CPU offload. A dry run (`planning`) does not check the local GPU's generation."""
+    from titanlite.preflight import float8
+
+    float8.check(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type, planning=planning)
+    t = job.training
+    if job.model.attn_type == "flex" and device_type == "cpu":
         raise ConfigError(
             "[model] attn_type = 'flex' cannot train on CPU (torch has no FlexAttention "
             "backward there); use attn_type = 'sdpa', which applies the same masks"
         )
-    if job.profiling.enable_memory_snapshot and (device or device_type()) != "cuda":
+    if job.profiling.enable_memory_snapshot and device_type != "cuda":
         raise ConfigError(
             "[profiling] enable_memory_snapshot records the CUDA caching allocator and this "
             "machine has no CUDA device; turn it off (CPU memory shows as memory_gib in the metrics)"
         )
-    if t.enable_cpu_offload and (device or device_type()) != "cuda":
+    if t.enable_cpu_offload and device_type != "cuda":
         raise ConfigError(
             "[training] enable_cpu_offload moves GPU memory to the host and needs CUDA; "
             "turn it off on CPU"
@@ -174,33 +170,16 @@ def check(
             "[training] enable_cpu_offload needs FSDP (data_parallel_shard_degree > 1); "
             "turn it off for this layout"
         )
-    if job.checkpoint.create_seed_checkpoint and world_size != 1:
-        raise ConfigError(
-            "[checkpoint] create_seed_checkpoint runs in one process (NGPU=1); every layout can "
-            "then start from it"
-        )
-    per_step = t.local_batch_size * dims.dp_size
-    accum = 1 if t.global_batch_size == -1 else t.global_batch_size // per_step
-    dataset = validation = None
-    if not planning:  # text files are listed, prepared shards checked against the tokenizer
-        dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
-        if job.validation.enabled:
-            assert job.validation.dataset_path is not None  # config.validate requires it
-            validation = open_dataset(
-                Path(job.validation.dataset_path), tokenizer, "validation.dataset_path"
-            )
-    if not planning:
-        check_output_paths(job)
-        check_first_window(dataset, tokenizer, t.seq_len, t.dataset_text_field, "training")
-        if validation is not None:
-            v = job.validation
-            check_first_window(
-                validation, tokenizer, v.seq_len or t.seq_len, t.dataset_text_field, "validation"
-            )
-        check_checkpoint(job, args)
+
+
+def grad_accum_steps(job: JobConfig, dp_size: int) -> int:
+    t = job.training
+    return 1 if t.global_batch_size == -1 else t.global_batch_size // (t.local_batch_size * dp_size)
+
+
+def check_profiling(job: JobConfig) -> None:
     if job.profiling.enable_profiling and job.profiling.profile_freq < 2:
         raise ConfigError("[profiling] profile_freq must be >= 2 (one warm-up step, one traced)")
-    return Preflight(dims, args, tokenizer_path, dataset, validation, accum)
 
 
 def check_pipeline_job(job: JobConfig, dims, n_layers: int) -> None:
@@ -259,140 +238,6 @@ def check_output_paths(job: JobConfig) -> None:
             raise ConfigError(
                 f"{key}: cannot write to {folder} ({e.strerror or e}); choose a writable folder"
             ) from None
-
-
-def check_first_window(source, tokenizer, seq_len: int, text_field: str, what: str) -> None:
-    """The data holds at least one window of seq_len + 1 tokens. Prepared shards say so in their
-    manifest; text is read and tokenized from the start only until one window is full (a normal
-    corpus costs a few documents; one whose every record is malformed is read to the end)."""
-    from titanlite.data import DatasetError, ShardSet
-    from titanlite.data.documents import SkippedRecords, iter_documents
-
-    need = seq_len + 1
-    if isinstance(source, ShardSet):
-        if source.num_windows(seq_len) == 0:
-            raise DatasetError(
-                f"{source.key}: {source.manifest_file} holds {source.total_tokens} tokens, fewer "
-                f"than one window of {what} seq_len + 1 = {need}; prepare more data"
-            )
-        return
-    skipped, tokens, docs, batch = SkippedRecords(), 0, 0, []
-    for _, _, text in iter_documents(source, text_field, 0, 0, skipped):
-        docs += 1
-        batch.append(text)
-        if sum(map(len, batch)) >= need or len(batch) >= 64:
-            tokens += sum(map(len, tokenizer.encode_documents(batch)))
-            batch = []
-            if tokens >= need:
-                return
-    tokens += sum(map(len, tokenizer.encode_documents(batch))) if batch else 0
-    if tokens >= need:
-        return
-    where = f"{what} data ({len(source)} file(s), first {source[0]})"
-    if docs == 0:
-        example = f", e.g. {skipped.examples[0]}" if skipped.examples else ""
-        raise DatasetError(
-            f"{where}: no readable document; {skipped.count} malformed record(s){example}"
-        )
-    raise DatasetError(
-        f"{where}: holds {tokens} tokens, fewer than one window of seq_len + 1 = {need}; "
-        "add data or lower the seq_len"
-    )
-
-
-def checkpoint_to_load(job: JobConfig) -> Path | None:
-    """The checkpoint the trainer will load, by the rules of CheckpointManager.load; None for a
-    fresh start. CheckpointError when checkpoint.load_step names no complete checkpoint."""
-    from titanlite.components.checkpoint.storage import CheckpointError, complete_steps, step_dir
-
-    c = job.checkpoint
-    if not (c.enable_checkpoint or c.create_seed_checkpoint):
-        return None
-    folder = Path(job.job.dump_folder) / c.folder
-    steps = complete_steps(folder)
-    if c.load_step >= 0:
-        if c.load_step not in steps:
-            raise CheckpointError(
-                f"checkpoint.load_step = {c.load_step}: {step_dir(folder, c.load_step)} "
-                f"is not a complete checkpoint (complete: {steps or 'none'})"
-            )
-        return step_dir(folder, c.load_step)
-    if steps:
-        return step_dir(folder, steps[-1])
-    return Path(c.initial_load_path) if c.initial_load_path else None
-
-
-def check_checkpoint(job: JobConfig, args) -> None:
-    """The checkpoint to load: its files all there at the manifest's sizes (the CRC pass, which
-    reads every byte, stays with the ranks), its `.metadata` readable by the restricted
-    unpickler, and its model tensors the configured model's shapes."""
-    import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from titanlite.components.checkpoint.storage import (
-        CheckpointError,
-        read_manifest,
-        read_metadata,
-        verify,
-    )
-    from titanlite.families import get_family
-
-    check_hf_options(job)
-    path = checkpoint_to_load(job)
-    if path is None:
-        return
-    if job.checkpoint.initial_load_in_hf and path == Path(job.checkpoint.initial_load_path or ""):
-        from titanlite.components.checkpoint.hf import HFFolder
-
-        HFFolder(path, args)  # its config and every tensor's shape against the configured model
-        return
-    problems = verify(path, checksums=False)
-    if problems:
-        raise CheckpointError(f"cannot load {path}: " + "; ".join(problems[:3]))
-    keys = read_manifest(path).get("keys", ["model"])
-    if "model" not in keys or "model" in job.checkpoint.exclude_from_loading:
-        return
-    saved = read_metadata(path).state_dict_metadata
-    with torch.device("meta"):
-        model = get_family(job.model.name).model.model_cls(args)
-    for key, value in model.state_dict().items():
-        meta = saved.get(f"model.{key}")
-        if not isinstance(meta, TensorStorageMetadata):
-            raise CheckpointError(
-                f"checkpoint {path} has no model key '{key}': it holds another model "
-                f"than the configured {job.model.name} {job.model.flavor}"
-            )
-        if tuple(meta.size) != tuple(value.shape):
-            raise CheckpointError(
-                f"checkpoint {path}: model key '{key}' has shape {tuple(meta.size)}, the model "
-                f"(as configured: {job.model.name} {job.model.flavor}) has "
-                f"{tuple(value.shape)}; point checkpoint.folder elsewhere or configure that model"
-            )
-
-
-def check_hf_options(job: JobConfig) -> None:
-    c = job.checkpoint
-    if not (c.initial_load_in_hf or c.last_save_in_hf):
-        return
-    from titanlite.components.checkpoint.hf import MODEL_NAME
-
-    if job.model.name != MODEL_NAME:
-        raise ConfigError(
-            f"[checkpoint] Hugging Face loading and export map {MODEL_NAME} models only, not "
-            f"{job.model.name}"
-        )
-    if c.initial_load_in_hf and not c.initial_load_path:
-        raise ConfigError(
-            "[checkpoint] initial_load_in_hf needs initial_load_path (the Hugging Face folder)"
-        )
-    if c.initial_load_in_hf and not c.initial_load_model_weights_only:
-        raise ConfigError(
-            "[checkpoint] initial_load_in_hf: a Hugging Face folder holds model weights only; "
-            "set initial_load_model_weights_only"
-        )
-    for name in ("initial_load_in_hf", "last_save_in_hf"):
-        if getattr(c, name) and not c.enable_checkpoint:
-            raise ConfigError(f"[checkpoint] {name} needs enable_checkpoint")
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from titanlite.components.metrics.file import FILE, read_metrics
+from titanlite.core.errors import report
 from titanlite.tools.loss_plot import PlotError, plot
 from titanlite.tools.torchtitan_log import is_torchtitan_log, read_torchtitan_log
 
@@ -219,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             plot(runs, names, a.metrics, a.plot)
             print(f"plot: {a.plot}")
     except (UsageError, PlotError) as e:
-        print(f"loss_compare: error: {e}", file=sys.stderr)
-        return 2
+        return report(e, prog="loss_compare")
     return 1 if bad else 0
 
 

@@ -58,6 +58,23 @@ def test_every_preset_loads():
         load("--config", str(preset))
 
 
+def test_pyproject_lists_every_package():
+    """pyproject.toml lists the packages (a `find` cannot see titanlite.presets, which is
+    train_configs/ installed in the package): one left out would be missing from the wheel."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {
+        ".".join(d.relative_to(ROOT).parts)
+        for top in ("titanlite", "models", "parallelisms")
+        for d in [ROOT / top, *(ROOT / top).rglob("*")]
+        if (d / "__init__.py").is_file()
+    }
+    assert sorted(setuptools["packages"]) == sorted(found | {"titanlite.presets"})
+    assert setuptools["package-dir"] == {"titanlite.presets": "train_configs"}
+    assert setuptools["package-data"]["titanlite.presets"] == ["*.toml"]
+
+
 TORCHTITAN_LLAMA3_8B = """
 [job]
 dump_folder = "./outputs"

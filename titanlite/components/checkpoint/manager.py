@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from titanlite.components.checkpoint.record import model_differences, titanlite_version
+from titanlite.components.checkpoint.resume import resume_point
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
     ChecksummingWriter,
@@ -220,39 +221,28 @@ class CheckpointManager:
 
     def load(self) -> bool:
         """Resume from the configured checkpoint if there is one; True if something was loaded."""
-        if not self.enabled:
+        point = resume_point(self.cfg, self.folder)
+        if point is None:
             return False
-        steps = complete_steps(self.folder)
-        if self.cfg.load_step >= 0:
-            if self.cfg.load_step not in steps:
-                raise CheckpointError(
-                    f"checkpoint.load_step = {self.cfg.load_step}: {step_dir(self.folder, self.cfg.load_step)} "
-                    f"is not a complete checkpoint (complete: {steps or 'none'})"
-                )
-            step = self.cfg.load_step
-        elif steps:
-            step = steps[-1]
-        elif self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
+        if point.step is None and self.cfg.initial_load_in_hf:
             from titanlite.components.checkpoint.hf_training import load_hf_weights
 
-            load_hf_weights(self.model, Path(self.cfg.initial_load_path), self.model_args)
+            load_hf_weights(self.model, point.path, self.model_args)
             return True
-        elif self.cfg.initial_load_path:
+        if point.step is None:
             self._load(
-                Path(self.cfg.initial_load_path),
-                ["model"] if self.cfg.initial_load_model_weights_only else list(KEYS),
+                point.path, ["model"] if self.cfg.initial_load_model_weights_only else list(KEYS)
             )
             return True
-        else:
-            return False
-        newer = [s for s in steps if s > step]
+        step = point.step
+        newer = [s for s in point.complete if s > step]
         if newer and not self.cfg.overwrite:
             raise CheckpointError(
                 f"{self.folder} holds step-{newer[-1]}, newer than step-{step} which this run "
                 "resumes from; later saves would overwrite it. Use another checkpoint.folder, "
                 "remove it, or pass --checkpoint.overwrite"
             )
-        path = step_dir(self.folder, step)
+        path = point.path
         manifest = read_manifest(path)
         keys = [k for k in manifest.get("keys", KEYS) if k not in self.cfg.exclude_from_loading]
         self._load(path, keys)
