@@ -27,6 +27,7 @@ from titanlite.config.schema import (
     UNIMPLEMENTED_SECTIONS,
     JobConfig,
 )
+from titanlite.core.io import atomic_write_text
 from titanlite.core.logging import logger
 
 
@@ -453,7 +454,11 @@ def save_resolved(dump_folder: Path, text: str) -> None:
     dump_folder.mkdir(parents=True, exist_ok=True)
     path = dump_folder / "config.toml"
     if path.exists() and path.read_text() != text:
-        kept = path.with_name(f"config.{int(path.stat().st_mtime)}.toml")
+        stamp = int(path.stat().st_mtime)
+        kept = path.with_name(f"config.{stamp}.toml")
+        n = 1
+        while kept.exists():  # two configs of one second: neither is lost
+            kept, n = path.with_name(f"config.{stamp}-{n}.toml"), n + 1
         path.rename(kept)
         logger.info(f"an earlier run's config kept as {kept}")
-    path.write_text(text)
+    atomic_write_text(path, text)

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -343,3 +344,14 @@ def test_old_torch_and_missing_packages_are_one_line_errors(monkeypatch):
     job = load("--config", str(DEBUG_CONFIG), "--metrics.enable_wandb")
     with pytest.raises(EnvironmentProblem, match=r"pip install 'titanlite\[wandb\]'"):
         check_environment(job)
+
+
+def test_an_earlier_different_config_is_kept_never_overwritten(tmp_path):
+    for text in ("a = 1\n", "a = 2\n", "a = 3\n"):
+        config.save_resolved(tmp_path, text)
+        os.utime(tmp_path / "config.toml", (1_000_000, 1_000_000))  # all within one second
+    config.save_resolved(tmp_path, "a = 3\n")  # the same config again: nothing to keep
+    kept = sorted(p.read_text() for p in tmp_path.glob("config.*.toml"))
+    assert kept == ["a = 1\n", "a = 2\n"]
+    assert (tmp_path / "config.toml").read_text() == "a = 3\n"
+    assert not list(tmp_path.glob("*.tmp"))
