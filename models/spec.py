@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,7 +16,12 @@ class ModelArgs(Protocol):
     @property
     def n_layers(self) -> int: ...  # the pipeline splits blocks over stages
 
+    @property
+    def bos_id(self) -> int: ...  # the token that starts a document (block_causal's masks)
+
     def to_dict(self) -> dict[str, object]: ...  # what a checkpoint's manifest records
+
+    def check(self) -> None: ...  # ValueError naming the first shape constraint broken
 
 
 class TrainableModel(Protocol):
@@ -31,3 +37,37 @@ class ModelSpec:
     model_cls: type
     num_params: Callable[..., int]
     training_flops_per_token: Callable[[Any, int], int]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face interop
+
+
+class HFConfigError(ValueError):
+    """An HF config that the family cannot represent; the message names the field."""
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """A family's Hugging Face state-dict adapter: parameter names and values both ways and
+    config.json <-> args. Pure functions of names, tensors, dicts and the family's args; the
+    files (DCP, safetensors) are titanlite.components.checkpoint.hf's business."""
+
+    label: str  # the family in messages ("a Llama model")
+    model_types: tuple[str, ...]  # config.json `model_type`s it reads
+    embedding_key: str  # the titanlite parameter whose first dimension is the vocabulary
+    shape_fields: tuple[str, ...]  # args compared against a configured model
+    ignored: re.Pattern[str]  # HF tensors that are never loaded (derived buffers)
+    describe: Callable[[Any], str]  # args -> "dim 256, 6 layers, ..."
+    state_dict_shapes: Callable[[Any], dict[str, tuple[int, ...]]]  # titanlite key -> shape
+    to_hf_name: Callable[[str], str]
+    # (titanlite key, tie_word_embeddings) -> the HF tensor the parameter is read from
+    source_name: Callable[[str, bool], str]
+    to_hf_tensor: Callable[[str, torch.Tensor, Any], torch.Tensor]
+    # (key, HF rows, args) -> titanlite rows: the whole tensor, or rows [a*g, b*g) of it for
+    # g = row_group(key, args) (a conversion moves rows only within such a group)
+    from_hf_tensor: Callable[[str, torch.Tensor, Any], torch.Tensor]
+    row_group: Callable[[str, Any], int]
+    # (args, *, dtype, max_position_embeddings, bos_token_id, eos_token_id) -> config.json
+    hf_config: Callable[..., dict[str, Any]]
+    args_from_hf_config: Callable[[dict[str, Any]], Any]  # HFConfigError names the field
