@@ -40,6 +40,37 @@ class ModelSpec:
 
 
 # ---------------------------------------------------------------------------------------------
+# the dry run's formulas
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Bytes of activations one rank keeps for one micro-batch, by where they live (floats: the
+    dry run adds them up before rounding)."""
+
+    full_block: float  # one block without checkpointing
+    block_input: float  # a block's input (all that full checkpointing keeps of it)
+    op_block: float  # what selective op checkpointing keeps of one block
+    outside: float  # after the last block: final norm, logits and loss (the last stage's)
+    shared: float  # built once per forward, read by every block (every stage holds it)
+    loss_backward: float  # the transient gradient of the logits (the last stage's)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A family's formulas for the dry run: pure arithmetic on its args and the parallel degrees
+    (plain ints), so that titanlite.planning stays generic."""
+
+    # (args, *, local_batch_size, seq_len, tp, cp, loss_parallel, compute_bytes) -> terms
+    activations: Callable[..., ActivationTerms]
+    # Parameters of the FSDP root module (embeddings, final norm, head): kept unsharded
+    # between forward and backward.
+    fsdp_root_params: Callable[[Any], int]
+    # The vocabulary a dry run assumes when the tokenizer is not on this machine.
+    default_vocab_size: int
+
+
+# ---------------------------------------------------------------------------------------------
 # Hugging Face interop
 
 

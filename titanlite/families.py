@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from models import ModelSpec, llama
-from models.spec import HFAdapter
+from models.spec import Estimator, HFAdapter
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions, parallelize_llama
 from parallelisms.float8 import ConversionPlan
 from parallelisms.pipeline import stage_models
@@ -34,6 +34,8 @@ class ModelFamily:
     parallelize: ParallelizeFn
     # Pipeline stages: copies keeping their own blocks (and embedding / output at the ends).
     split_stages: SplitStagesFn
+    # The dry run's activation and FSDP memory formulas.
+    estimator: Estimator
     # The Hugging Face state-dict adapter; None: the family has no Hugging Face mapping.
     hf: HFAdapter | None = None
 
@@ -47,7 +49,8 @@ class ModelFamily:
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    f.name: f for f in (ModelFamily(llama.SPEC, parallelize_llama, stage_models, hf=llama.HF),)
+    f.name: f
+    for f in (ModelFamily(llama.SPEC, parallelize_llama, stage_models, llama.ESTIMATOR, llama.HF),)
 }
 # The family of a manifest or config that names none (config/schema.py's default model.name).
 DEFAULT_FAMILY = JobConfig().model.name

@@ -19,7 +19,7 @@ from titanlite.config.schema import JobConfig
 from titanlite.core.errors import EnvironmentProblem, report
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
-    from models.llama import LlamaArgs
+    from models import ModelArgs
     from parallelisms import ParallelDims
     from titanlite.data import DataSource
 
@@ -31,7 +31,7 @@ class Preflight:
     """What the checks resolved, so the trainer does not resolve it again."""
 
     dims: ParallelDims
-    model_args: LlamaArgs
+    model_args: ModelArgs
     tokenizer_path: Path
     dataset: DataSource | None  # text files or prepared shards; None in a dry run
     validation_dataset: DataSource | None  # the same for [validation]; None when it is off
