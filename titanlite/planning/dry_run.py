@@ -196,7 +196,7 @@ def plan(
     the family's, e.g. Llama 3's 128,256)."""
     start = time.perf_counter()
     pre, built, sizes = _build_on_meta(job, world_size, rank, device_type, vocab_size)
-    dims, opts, t = pre.dims, built.options, job.training
+    dims, t = pre.dims, job.training
     act, pipeline, batch = _activations(job, pre, built, rank)
     unsharded = _fsdp_unsharded(job, pre, built)
     if unsharded is not None:
@@ -205,20 +205,7 @@ def plan(
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
     per_rank = batch * t.seq_len // dims.cp
-    context_parallel = ""
-    if dims.cp_enabled:
-        context_parallel = (
-            f"context parallel     {dims.cp} ranks share each sequence "
-            f"({job.parallelism.context_parallel_load_balancer} cut): {per_rank:,} tokens per "
-            f"rank of the micro-batch's {batch * t.seq_len:,}"
-        )
-    memory_budget = ""
-    if opts.ac_mode == "memory_budget":
-        memory_budget = (
-            f"activation memory    budget {opts.ac_memory_budget:g} (compiled min-cut): each "
-            f"block planned to keep its input and {opts.ac_memory_budget:g} of its other "
-            "activations (an upper bound)"
-        )
+    context_parallel, memory_budget = _notes(job, pre, built, batch)
     spec = built.family.model
     return Plan(
         world_size=world_size,
@@ -242,6 +229,25 @@ def plan(
         context_parallel=context_parallel,
         memory_budget=memory_budget,
     )
+
+
+def _notes(job: JobConfig, pre: Preflight, built: BuiltModel, batch: int) -> tuple[str, str]:
+    """The plan's context-parallel and memory-budget lines ("" when off)."""
+    dims, opts, seq = pre.dims, built.options, job.training.seq_len
+    context_parallel = memory_budget = ""
+    if dims.cp_enabled:
+        context_parallel = (
+            f"context parallel     {dims.cp} ranks share each sequence "
+            f"({job.parallelism.context_parallel_load_balancer} cut): {batch * seq // dims.cp:,} "
+            f"tokens per rank of the micro-batch's {batch * seq:,}"
+        )
+    if opts.ac_mode == "memory_budget":
+        memory_budget = (
+            f"activation memory    budget {opts.ac_memory_budget:g} (compiled min-cut): each "
+            f"block planned to keep its input and {opts.ac_memory_budget:g} of its other "
+            "activations (an upper bound)"
+        )
+    return context_parallel, memory_budget
 
 
 def _build_on_meta(
@@ -347,7 +353,7 @@ def _pipeline_share(job: JobConfig, built, dims, rank: int) -> tuple[int, bool, 
     in_flight, exact = microbatches_in_flight(
         p.pipeline_parallel_schedule, dims.pp, pp_rank, per_rank, n_mb
     )
-    blocks = sum(len(part.layers) for part in built.parts) // per_rank
+    blocks = sum(len(built.stage_layers[i]) for i in built.stage_ids) // per_rank
     has_output = built.num_stages - 1 in built.stage_ids
     return in_flight, exact, p.pipeline_parallel_microbatch_size, blocks, has_output
 
