@@ -377,7 +377,7 @@ def check_hf_options(job: JobConfig) -> None:
     from titanlite.families import get_family, hf_families
 
     if get_family(job.model.name).hf is None:
-        mapped = ", ".join(f.name for f in hf_families())
+        mapped = ", ".join(f.name for f in hf_families()) or "no"
         raise ConfigError(
             f"[checkpoint] Hugging Face loading and export map {mapped} models only, not "
             f"{job.model.name}"
