@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,7 +16,18 @@ class ModelArgs(Protocol):
     @property
     def n_layers(self) -> int: ...  # the pipeline splits blocks over stages
 
+    @property
+    def bos_id(self) -> int: ...  # the token that starts a document (block_causal's masks)
+
+    @property
+    def n_heads(self) -> int: ...  # tensor and context parallel split the heads
+
+    @property
+    def kv_heads(self) -> int: ...  # key/value heads, n_heads without grouped-query attention
+
     def to_dict(self) -> dict[str, object]: ...  # what a checkpoint's manifest records
+
+    def check(self) -> None: ...  # ValueError naming the first shape constraint broken
 
 
 class TrainableModel(Protocol):
@@ -31,3 +43,68 @@ class ModelSpec:
     model_cls: type
     num_params: Callable[..., int]
     training_flops_per_token: Callable[[Any, int], int]
+
+
+# ---------------------------------------------------------------------------------------------
+# the dry run's formulas
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Bytes of activations one rank keeps for one micro-batch, by where they live (floats: the
+    dry run adds them up before rounding)."""
+
+    full_block: float  # one block without checkpointing
+    block_input: float  # a block's input (all that full checkpointing keeps of it)
+    op_block: float  # what selective op checkpointing keeps of one block
+    outside: float  # after the last block: final norm, logits and loss (the last stage's)
+    shared: float  # built once per forward, read by every block (every stage holds it)
+    loss_backward: float  # the transient gradient of the logits (the last stage's)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A family's formulas for the dry run: pure arithmetic on its args and the parallel degrees
+    (plain ints), so that titanlite.planning stays generic."""
+
+    # (args, *, local_batch_size, seq_len, tp, cp, loss_parallel, compute_bytes) -> terms
+    activations: Callable[..., ActivationTerms]
+    # Parameters of the FSDP root module (embeddings, final norm, head): kept unsharded
+    # between forward and backward.
+    fsdp_root_params: Callable[[Any], int]
+    # The vocabulary a dry run assumes when the tokenizer is not on this machine.
+    default_vocab_size: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face interop
+
+
+class HFConfigError(ValueError):
+    """An HF config that the family cannot represent; the message names the field."""
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """A family's Hugging Face state-dict adapter: parameter names and values both ways and
+    config.json <-> args. Pure functions of names, tensors, dicts and the family's args; the
+    files (DCP, safetensors) are titanlite.components.checkpoint.hf's business."""
+
+    label: str  # the family in messages ("a Llama model")
+    model_types: tuple[str, ...]  # config.json `model_type`s it reads
+    embedding_key: str  # the titanlite parameter whose first dimension is the vocabulary
+    shape_fields: tuple[str, ...]  # args compared against a configured model
+    ignored: re.Pattern[str]  # HF tensors that are never loaded (derived buffers)
+    describe: Callable[[Any], str]  # args -> "dim 256, 6 layers, ..."
+    state_dict_shapes: Callable[[Any], dict[str, tuple[int, ...]]]  # titanlite key -> shape
+    to_hf_name: Callable[[str], str]
+    # (titanlite key, tie_word_embeddings) -> the HF tensor the parameter is read from
+    source_name: Callable[[str, bool], str]
+    to_hf_tensor: Callable[[str, torch.Tensor, Any], torch.Tensor]
+    # (key, HF rows, args) -> titanlite rows: the whole tensor, or rows [a*g, b*g) of it for
+    # g = row_group(key, args) (a conversion moves rows only within such a group)
+    from_hf_tensor: Callable[[str, torch.Tensor, Any], torch.Tensor]
+    row_group: Callable[[str, Any], int]
+    # (args, *, dtype, max_position_embeddings, bos_token_id, eos_token_id) -> config.json
+    hf_config: Callable[..., dict[str, Any]]
+    args_from_hf_config: Callable[[dict[str, Any]], Any]  # HFConfigError names the field

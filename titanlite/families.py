@@ -1,8 +1,8 @@
-"""The one registry of model families: `model.name` -> the model spec and the function that
-parallelizes it. It lives here, above both `models/` (which knows nothing of parallelism) and
-`parallelisms/` (which knows models only through their public structure), so that the two halves
-of a family cannot disagree. A new family adds one record: its model spec, its parallelize
-function and its pipeline stage split."""
+"""The one registry of model families: `model.name` -> the model spec, the function that
+parallelizes it, its dry-run formulas and its Hugging Face adapter. It lives here, above both
+`models/` (which knows nothing of parallelism) and `parallelisms/` (which knows models only
+through their public structure), so that the two halves of a family cannot disagree. A new
+family adds one record (docs/architecture.md, "How to add a model family")."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from models import ModelSpec, llama
+from models.spec import Estimator, HFAdapter
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions, parallelize_llama
 from parallelisms.float8 import ConversionPlan
 from parallelisms.pipeline import stage_models
@@ -33,20 +34,54 @@ class ModelFamily:
     parallelize: ParallelizeFn
     # Pipeline stages: copies keeping their own blocks (and embedding / output at the ends).
     split_stages: SplitStagesFn
+    # The dry run's activation and FSDP memory formulas.
+    estimator: Estimator
+    # The Hugging Face state-dict adapter; None: the family has no Hugging Face mapping.
+    hf: HFAdapter | None = None
 
     @property
     def name(self) -> str:
         return self.model.name
 
+    def args_from_dict(self, d: dict[str, Any]) -> Any:
+        """The family's args from what a checkpoint's manifest records (`to_dict`)."""
+        return type(next(iter(self.model.flavors.values()))).from_dict(d)
+
 
 FAMILIES: dict[str, ModelFamily] = {
-    f.name: f for f in (ModelFamily(llama.SPEC, parallelize_llama, stage_models),)
+    f.name: f
+    for f in (ModelFamily(llama.SPEC, parallelize_llama, stage_models, llama.ESTIMATOR, llama.HF),)
 }
+# The family of a manifest or config that names none (config/schema.py's default model.name).
+DEFAULT_FAMILY = JobConfig().model.name
 
 
 def get_family(name: str) -> ModelFamily:
     # config_schema restricts model.name to these names, so a miss is a bug, not a user error.
     return FAMILIES[name]
+
+
+def family_of_args(args: Any) -> ModelFamily:
+    """The family whose args dataclass `args` is an instance of."""
+    for family in FAMILIES.values():
+        if any(type(args) is type(f) for f in family.model.flavors.values()):
+            return family
+    raise TypeError(f"{type(args).__name__} is no registered family's model args")
+
+
+def hf_families() -> list[ModelFamily]:
+    """The families that have a Hugging Face mapping."""
+    return [f for f in FAMILIES.values() if f.hf is not None]
+
+
+def family_of_hf_config(cfg: dict[str, Any]) -> ModelFamily:
+    """The family whose adapter reads config.json's `model_type`; else the default family, whose
+    adapter then names what it would need."""
+    for family in hf_families():
+        assert family.hf is not None
+        if cfg.get("model_type") in family.hf.model_types:
+            return family
+    return get_family(DEFAULT_FAMILY)
 
 
 def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> Any:

@@ -1,6 +1,7 @@
 """Hugging Face `LlamaForCausalLM` <-> titanlite Llama: parameter names, the RoPE q/k
-permutation and the config. Pure functions of names, tensors, dicts and LlamaArgs; the files
-(DCP, safetensors) are titanlite.components.checkpoint.hf's business.
+permutation and the config, gathered in `HF`, the family's state-dict adapter (the family
+record's `hf`). Pure functions of names, tensors, dicts and LlamaArgs; the files (DCP,
+safetensors) are titanlite.components.checkpoint.hf's business.
 
 RoPE: titanlite rotates adjacent pairs (x[2k], x[2k+1]) of each head as complex numbers (Meta's
 original layout); Hugging Face rotates the halves (x[k], x[k + head_dim/2]) (`rotate_half`).
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from models.llama.args import FLAVORS, LlamaArgs
+from models.spec import HFAdapter, HFConfigError
 
 # titanlite key -> HF key; {i} is the layer number.
 _NAMES = {
@@ -39,10 +41,6 @@ _FROM_HF = {v: k for k, v in _NAMES.items()}
 LLAMA31_CONTEXT = LlamaArgs().max_seq_len
 # Non-parameter buffers some older HF checkpoints carry; derived from the config, never loaded.
 HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
-
-
-class HFConfigError(ValueError):
-    """An HF config that titanlite's Llama cannot represent; the message names the field."""
 
 
 def _rename(key: str, table: dict[str, str]) -> str:
@@ -97,10 +95,22 @@ def to_hf_tensor(key: str, t: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
     return t if heads is None else permute_to_hf(t, heads)
 
 
+def row_group(key: str, args: LlamaArgs) -> int:
+    """Rows that the conversion of parameter `key` permutes among themselves: a head's of q/k."""
+    return 1 if _heads(key, args) is None else args.head_dim
+
+
 def from_hf_tensor(key: str, t: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
-    """The titanlite value of parameter `key` (titanlite name) from its HF tensor."""
-    heads = _heads(key, args)
-    return t if heads is None else permute_from_hf(t, heads)
+    """The titanlite value of parameter `key` (titanlite name) from its HF tensor, or from rows
+    of it that are whole heads (`row_group`), as a rank reads its shard."""
+    return t if _heads(key, args) is None else permute_from_hf(t, t.shape[0] // args.head_dim)
+
+
+def describe(args: LlamaArgs) -> str:
+    return (
+        f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads, {args.kv_heads} kv "
+        f"heads, vocab {args.vocab_size}"
+    )
 
 
 def state_dict_shapes(args: LlamaArgs) -> dict[str, tuple[int, ...]]:
@@ -288,3 +298,21 @@ def args_from_hf_config(cfg: dict[str, Any]) -> LlamaArgs:
     except ValueError as e:
         raise HFConfigError(f"config.json: {e}") from None
     return args
+
+
+HF = HFAdapter(
+    label="Llama",
+    model_types=("llama",),
+    embedding_key="tok_embeddings.weight",
+    shape_fields=("dim", "n_layers", "n_heads", "kv_heads", "vocab_size", "ffn_hidden_dim"),
+    ignored=HF_IGNORED,
+    describe=describe,
+    state_dict_shapes=state_dict_shapes,
+    to_hf_name=to_hf_name,
+    source_name=hf_source_name,
+    to_hf_tensor=to_hf_tensor,
+    from_hf_tensor=from_hf_tensor,
+    row_group=row_group,
+    hf_config=hf_config,
+    args_from_hf_config=args_from_hf_config,
+)

@@ -149,6 +149,8 @@ class BuiltModel:
     stage_ids: list[int]
     num_stages: int = 1
     pipeline_summary: str = ""  # the split, micro-batches and bubble, for the log and dry run
+    # Under pipeline parallel, the block numbers of every stage (whatever the family's modules).
+    stage_layers: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def loss_parallel(self) -> bool:
@@ -185,6 +187,7 @@ def build_model(
     summary = describe(pp.schedule, dims.pp, layers, n_mb, pp.microbatch_size)
     built = BuiltModel(ModelParts(parts), family, options, plans[0], parts, ids, stages)
     built.pipeline_summary = summary
+    built.stage_layers = layers
     return built
 
 

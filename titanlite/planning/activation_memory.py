@@ -1,63 +1,13 @@
-"""Activation memory of a Llama training step, per rank, from the shapes alone.
-
-The formula counts what autograd saves for backward in titanlite's Llama block (the same
-bookkeeping as Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-Models", redone for RMSNorm, RoPE, grouped-query SDPA attention and SwiGLU). Per token and per
-block, with compute dtype size e, dim d, key/value width kv = n_kv_heads x head_dim, FFN hidden
-size F, heads n and tensor-parallel degree t (sequence parallel: norms work on 1/t of the tokens):
-
-    norms       2 x (4d/t + 4/t)        fp32 input and 1/rstd of each RMSNorm
-    gathered    2 x e*d                 each norm's output, all-gathered for the q/k/v and w1/w3
-                                        matmuls (saved whole on every TP rank)
-    attention   e*(d + 2kv)/t           q, k, v after RoPE (SDPA inputs)
-                2 x e*d/t + 4n/t        SDPA output, its contiguous copy for wo, log-sum-exp
-    SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
-
-Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves float32 logits
-over the vocabulary V (V/t with loss parallel), and the first backward step adds a float32
-gradient of the same size (transient, counted in the peak).
-
-Document masking (block_causal) through SDPA adds the boolean mask, batch x seq x seq bytes,
-built once per micro-batch and shared by every block; and, per block, the additive copy in the
-compute dtype that SDPA makes of a boolean mask and saves for backward (e x seq per token, on
-every TP rank: the mask covers the whole sequence and is broadcast over the heads; measured on
-torch 2.13 CPU with saved-tensor hooks). FlexAttention's BlockMask holds a few int32 per
-128 x 128 tile: not counted.
-
-Context parallel (cp ranks share each sequence; see parallelisms/context_parallel.py): every
-per-token term above counts this rank's tokens, batch x seq/cp, because each rank embeds, projects
-and normalizes only its own part of each sequence, and computes the logits and loss of its own
-positions. What attention needs of the whole sequence does not shrink with cp:
-
-    keys/values e*2kv x cp/t per local token (replacing e*2kv/t): the all-gathered keys and
-                values of the whole sequence are SDPA's inputs, so SDPA keeps them, not the
-                local ones (the all-gather needs nothing saved to reduce-scatter the gradients)
-    mask        once per forward, outside the blocks: the additive mask of this rank's queries
-                against all keys, e x seq/cp x seq bytes (times the batch under block_causal),
-                which the model builds in the compute dtype so that SDPA keeps it as it is and
-                every block shares it. It replaces, under block_causal, both the window's
-                batch x seq x seq booleans and the per-block additive copy (the e x seq per
-                token above); a causal model needs it because this rank's queries against all
-                keys are no longer a square causal pattern.
-    RoPE rows   once per forward: the rotations of this rank's positions (seq/cp x head_dim/2
-                complex64 values; per sequence with document positions)
-
-The mask and the rows are made before the first block and are inputs of every block, so
-checkpointing keeps them whatever its mode. Measured on torch 2.13 CPU (SDPA's flash kernel for
-CPU) on 2 gloo ranks with saved-tensor hooks (tests/unit/planning/test_activation_memory.py). On CUDA the
-kernel that takes a mask is memory-efficient attention, which saves the same inputs if it accepts
-grouped-query heads; not measured here: where it does not, SDPA falls back to the math kernel,
-which saves the seq/cp x seq attention probabilities of every head, and this formula does not
-hold. Selective op checkpointing was measured to keep no per-block additive mask without cp
-either, so the block_causal term it adds per block over-counts; it stays until the no-cp
-calibration settles it.
+"""Activation memory of a training step, per rank: the family's terms (its estimator in the
+family record, e.g. models/llama/estimate.py, which documents and calibrates its formula)
+combined with the activation-checkpointing mode and the share of a pipeline stage.
 
 Activation checkpointing changes what each block keeps until backward:
-- none: everything above;
-- full: only the block input (e*d/t), plus one block's activations while it is recomputed;
+- none: everything;
+- full: only the block input, plus one block's activations while it is recomputed;
 - selective N: blocks 0, N, 2N, ... as with full, the others as with none;
-- selective op: the block input, every second matmul output (wq, wv, w1, w2 in forward order),
-  the SDPA output and log-sum-exp, plus one block's recompute.
+- selective op: what the family's op policy keeps of each block (for Llama: the block input,
+  every second matmul output, the SDPA output and log-sum-exp), plus one block's recompute.
 - memory_budget b (compiled blocks): the block input plus b of the rest of `none`'s block, and
   (1 - b) of one block's activations while they are recomputed; b = 0 is `full`, b = 1 `none`.
   Linear in b, and an upper bound as measured: torch's min-cut partitioner keeps at most b of the
@@ -67,14 +17,18 @@ Activation checkpointing changes what each block keeps until backward:
   1222 KiB at b = 0, 0.5, 1 against the formula's 64, 803 and 1542 KiB; eager no AC kept 1606
   KiB, so compile's saving (24%) outweighs the formula's under-count of eager (4%)
   (tests/unit/parallelisms/test_activation_checkpoint.py).
-Calibrated against torch's MemTracker on real CPU runs: see docs/dry_run.md.
+Outside the blocks: what follows the last block (final norm, logits, loss) on the last stage
+only, and what the model builds once per forward for every block (masks, RoPE rows) on every
+stage, whatever the checkpointing mode.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.llama import LlamaArgs
+from models import ModelArgs
+from models.spec import ActivationTerms
+from titanlite.families import ModelFamily, family_of_args
 
 
 @dataclass(frozen=True)
@@ -90,8 +44,27 @@ class ActivationEstimate:
         return self.blocks + self.recompute + self.outside + self.loss_backward
 
 
+def checkpointed_blocks(
+    terms: ActivationTerms, layers: int, ac_mode: str, ac_option: str, memory_budget: float
+) -> tuple[float, float]:
+    """(what `layers` blocks keep until backward, one block's recompute) under the mode."""
+    full_block, block_input = terms.full_block, terms.block_input
+    if ac_mode == "none":
+        return layers * full_block, 0.0
+    if ac_mode == "full":
+        return layers * block_input, full_block
+    if ac_mode == "memory_budget":
+        b = memory_budget
+        return layers * (block_input + b * (full_block - block_input)), (1 - b) * full_block
+    if ac_option == "op":
+        return layers * terms.op_block, full_block
+    wrapped = len(range(0, layers, int(ac_option)))
+    blocks = wrapped * block_input + (layers - wrapped) * full_block
+    return blocks, full_block if wrapped else 0.0
+
+
 def estimate_activations(
-    args: LlamaArgs,
+    args: ModelArgs,
     *,
     local_batch_size: int,
     seq_len: int,
@@ -104,65 +77,27 @@ def estimate_activations(
     has_output: bool = True,
     cp: int = 1,
     memory_budget: float = 1.0,
+    family: ModelFamily | None = None,
 ) -> ActivationEstimate:
     """`blocks_held` and `has_output` describe a pipeline stage (default: the whole model);
     `cp` is the context-parallel degree (`seq_len` stays the whole sequence); `memory_budget`
-    is read under `ac_mode` "memory_budget"."""
-    e, d, t, n = compute_bytes, args.dim, tp, args.n_heads
-    kv, ffn, vocab = args.kv_heads * args.head_dim, args.ffn_hidden_dim, args.vocab_size
-    tokens = local_batch_size * seq_len // cp  # this rank's tokens
-
-    norms = 2 * (4 * d + 4) / t
-    gathered = 2 * e * d
-    # Keys and values: the whole sequence's under context parallel (all-gathered).
-    attention = e * (d + 2 * kv * cp) / t + 2 * e * d / t + 4 * n / t
-    sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
-    per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)
-    if per_block_mask:
-        attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
-    swiglu = 4 * e * ffn / t
-    full_block = tokens * (norms + gathered + attention + swiglu)
-    block_input = tokens * e * d / t
-    # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input.
-    w2_out = (
-        e * d if t == 1 else e * d + e * d / t
-    )  # partial sums before the reduce-scatter, and its result
-    op_block = tokens * (e * (d + kv + ffn) / t + w2_out + e * d / t + 4 * n / t) + block_input
-    if per_block_mask:  # an over-count: SAC keeps no additive mask (module docstring)
-        op_block += tokens * e * seq_len
-
+    is read under `ac_mode` "memory_budget"; `family` defaults to the one whose args `args` are."""
+    family = family or family_of_args(args)
+    terms = family.estimator.activations(
+        args,
+        local_batch_size=local_batch_size,
+        seq_len=seq_len,
+        tp=tp,
+        cp=cp,
+        loss_parallel=loss_parallel,
+        compute_bytes=compute_bytes,
+    )
     layers = args.n_layers if blocks_held is None else blocks_held
-    if ac_mode == "none":
-        blocks, recompute = layers * full_block, 0.0
-    elif ac_mode == "full":
-        blocks, recompute = layers * block_input, full_block
-    elif ac_mode == "memory_budget":
-        b = memory_budget
-        blocks = layers * (block_input + b * (full_block - block_input))
-        recompute = (1 - b) * full_block
-    elif ac_option == "op":
-        blocks, recompute = layers * op_block, full_block
-    else:
-        every = int(ac_option)
-        wrapped = len(range(0, layers, every))
-        blocks = wrapped * block_input + (layers - wrapped) * full_block
-        recompute = full_block if wrapped else 0.0
-
-    logits_width = vocab / t if (loss_parallel or t == 1) else vocab
-    # What the model builds once per forward and every block reads.
-    if cp > 1:
-        rows = seq_len // cp  # this rank's query positions
-        per_sequence = args.attn_mask_type == "block_causal"
-        masks = e * rows * seq_len * (local_batch_size if per_sequence else 1)
-        rope_rows = rows * (1 if args.rope_positions == "window" else local_batch_size)
-        masks += rope_rows * args.head_dim // 2 * 8  # complex64
-    else:
-        masks = local_batch_size * seq_len * seq_len if sdpa_mask else 0  # boolean
-    outside = tokens * ((4 * d + 4) / t + e * d + 4 * logits_width) + masks
-    loss_backward = tokens * 4 * logits_width
-    if not has_output:  # a pipeline stage before the last: no final norm, logits or loss
-        outside = masks
-        loss_backward = 0
+    blocks, recompute = checkpointed_blocks(terms, layers, ac_mode, ac_option, memory_budget)
+    if has_output:
+        outside, loss_backward = terms.outside + terms.shared, terms.loss_backward
+    else:  # a pipeline stage before the last: no final norm, logits or loss
+        outside, loss_backward = terms.shared, 0
     return ActivationEstimate(
-        int(full_block), int(blocks), int(recompute), int(outside), int(loss_backward)
+        int(terms.full_block), int(blocks), int(recompute), int(outside), int(loss_backward)
     )

@@ -7,7 +7,8 @@ optimizer, on meta tensors under a fake process group of the target world size, 
 
 Parameter, gradient and optimizer-state bytes are exact: they are read off the sharded DTensors
 (and the AdamW state created by a real optimizer step on meta tensors) of the given rank.
-Activation memory comes from the documented formula in titanlite.planning.activation_memory.
+Activation memory comes from the family's documented formula (its estimator, e.g.
+models/llama/estimate.py), combined in titanlite.planning.activation_memory.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from models.llama import LlamaArgs
 from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
 from titanlite.core.errors import report
-from titanlite.planning.activation_memory import estimate_activations
+from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
+
+if TYPE_CHECKING:
+    from titanlite.build.assemble import BuiltModel
+    from titanlite.preflight.checks import Preflight
 
 GIB = 2**30
 
@@ -59,14 +64,13 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
 
 
 def fsdp_transient_bytes(
-    args: LlamaArgs, tp: int, n_params: int, param_bytes: int, reduce_bytes: int
+    root: int, n_layers: int, tp: int, n_params: int, param_bytes: int, reduce_bytes: int
 ) -> int:
-    """What FSDP2 holds unsharded at its peak (end of backward): the root's parameters
-    (embeddings, final norm, head: not resharded after forward), two blocks' parameters (the one
-    computing and the one prefetched), and the largest unsharded gradient awaiting its
-    reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
-    root = 2 * args.vocab_size * args.dim + args.dim
-    block = args.n_layers and (n_params - root) // args.n_layers
+    """What FSDP2 holds unsharded at its peak (end of backward): the root's `root` parameters
+    (for Llama embeddings, final norm, head: not resharded after forward), two blocks'
+    parameters (the one computing and the one prefetched), and the largest unsharded gradient
+    awaiting its reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
+    block = n_layers and (n_params - root) // n_layers
     return int(
         (root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp
     )
@@ -178,9 +182,6 @@ class Plan:
         return "\n".join(lines)
 
 
-LLAMA3_VOCAB = 128_256
-
-
 def plan(
     job: JobConfig,
     world_size: int,
@@ -192,99 +193,20 @@ def plan(
 ) -> Plan:
     """Build everything a real launch builds, on meta tensors, for `rank` of `world_size`.
     The vocabulary comes from the tokenizer when its file is here, else `vocab_size` (default:
-    Llama 3's 128,256)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from titanlite.build import assemble as build
-    from titanlite.preflight import checks as preflight
-
+    the family's, e.g. Llama 3's 128,256)."""
     start = time.perf_counter()
-    from titanlite.data import TokenizerError, resolve_tokenizer_path
-
-    if vocab_size is None:
-        try:
-            resolve_tokenizer_path(job.model.tokenizer_path)
-        except TokenizerError:
-            vocab_size = LLAMA3_VOCAB
-    pre = preflight.check(job, world_size, device=device_type, vocab_size=vocab_size)
-    if dist.is_initialized():
-        raise RuntimeError("plan() needs a process without a process group (it makes a fake one)")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        dims = pre.dims
-        built = build.build_model(job, dims, pre.model_args, dims.build_meshes("cpu"), device_type)
-        model, opts, spec = built.model, built.options, built.family.model
-        optimizer = build.build_optimizer(job, built)
-        twin = _create_optimizer_state(model, optimizer)
-        sizes = state_bytes(model, twin)
-        sizes["buffers (RoPE table)"] = tensors_bytes(model.buffers())
-    finally:
-        dist.destroy_process_group()
-
-    t = job.training
-    compute_bytes = opts.param_dtype.itemsize
-    pipeline = ""
-    in_flight, batch, blocks_held, has_output = 1, t.local_batch_size, None, True
-    if dims.pp_enabled:
-        in_flight, exact, batch, blocks_held, has_output = _pipeline_share(job, built, dims, rank)
-        pipeline = built.pipeline_summary + (
-            f"\n  in flight            {in_flight} (micro-batch, stage) forwards at the peak"
-            + ("" if exact else " (upper bound: this schedule's peak is not modeled)")
-        )
-    act = estimate_activations(
-        pre.model_args,
-        local_batch_size=batch,
-        seq_len=t.seq_len,
-        tp=dims.tp,
-        loss_parallel=opts.loss_parallel,
-        ac_mode=opts.ac_mode,
-        ac_option=opts.ac_option,
-        memory_budget=opts.ac_memory_budget,
-        compute_bytes=compute_bytes,
-        blocks_held=blocks_held,
-        has_output=has_output,
-        cp=dims.cp,
-    )
-    if in_flight > 1:
-        act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)
-    if (
-        dims.fsdp_enabled
-        and dims.pp_enabled
-        and job.parallelism.fsdp_reshard_after_forward != "always"
-    ):
-        # A stage's gathered parameters stay until the step's last backward (parallelize_llama
-        # does not reshard under pipeline parallel): all of them, plus the largest gradient.
-        numels = [p.numel() for p in model.parameters()]  # DTensor: the full (global) size
-        sizes["FSDP unsharded params/grads"] = int(
-            sum(numels) * compute_bytes / dims.tp
-            + max(numels) * (compute_bytes + opts.reduce_dtype.itemsize) / dims.tp
-        )
-    elif dims.fsdp_enabled:
-        sizes["FSDP unsharded params/grads"] = fsdp_transient_bytes(
-            pre.model_args,
-            dims.tp,
-            spec.num_params(pre.model_args),
-            compute_bytes,
-            opts.reduce_dtype.itemsize,
-        )
+    pre, built, sizes = _build_on_meta(job, world_size, rank, device_type, vocab_size)
+    dims, t = pre.dims, job.training
+    act, pipeline, batch = _activations(job, pre, built, rank)
+    unsharded = _fsdp_unsharded(job, pre, built)
+    if unsharded is not None:
+        sizes["FSDP unsharded params/grads"] = unsharded
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
     per_rank = batch * t.seq_len // dims.cp
-    context_parallel = ""
-    if dims.cp_enabled:
-        context_parallel = (
-            f"context parallel     {dims.cp} ranks share each sequence "
-            f"({job.parallelism.context_parallel_load_balancer} cut): {per_rank:,} tokens per "
-            f"rank of the micro-batch's {batch * t.seq_len:,}"
-        )
-    memory_budget = ""
-    if opts.ac_mode == "memory_budget":
-        memory_budget = (
-            f"activation memory    budget {opts.ac_memory_budget:g} (compiled min-cut): each "
-            f"block planned to keep its input and {opts.ac_memory_budget:g} of its other "
-            "activations (an upper bound)"
-        )
+    context_parallel, memory_budget = _notes(job, pre, built, batch)
+    spec = built.family.model
     return Plan(
         world_size=world_size,
         rank=rank,
@@ -309,6 +231,116 @@ def plan(
     )
 
 
+def _notes(job: JobConfig, pre: Preflight, built: BuiltModel, batch: int) -> tuple[str, str]:
+    """The plan's context-parallel and memory-budget lines ("" when off)."""
+    dims, opts, seq = pre.dims, built.options, job.training.seq_len
+    context_parallel = memory_budget = ""
+    if dims.cp_enabled:
+        context_parallel = (
+            f"context parallel     {dims.cp} ranks share each sequence "
+            f"({job.parallelism.context_parallel_load_balancer} cut): {batch * seq // dims.cp:,} "
+            f"tokens per rank of the micro-batch's {batch * seq:,}"
+        )
+    if opts.ac_mode == "memory_budget":
+        memory_budget = (
+            f"activation memory    budget {opts.ac_memory_budget:g} (compiled min-cut): each "
+            f"block planned to keep its input and {opts.ac_memory_budget:g} of its other "
+            "activations (an upper bound)"
+        )
+    return context_parallel, memory_budget
+
+
+def _build_on_meta(
+    job: JobConfig, world_size: int, rank: int, device_type: str, vocab_size: int | None
+) -> tuple[Preflight, BuiltModel, dict[str, int]]:
+    """(the preflight record, the built model, its per-rank state bytes): the checks, model,
+    parallelization and optimizer of a real launch, on meta tensors under a fake process group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titanlite.build import assemble as build
+    from titanlite.data import TokenizerError, resolve_tokenizer_path
+    from titanlite.families import get_family
+    from titanlite.preflight import checks as preflight
+
+    if vocab_size is None:
+        try:
+            resolve_tokenizer_path(job.model.tokenizer_path)
+        except TokenizerError:
+            vocab_size = get_family(job.model.name).estimator.default_vocab_size
+    pre = preflight.check(job, world_size, device=device_type, vocab_size=vocab_size)
+    if dist.is_initialized():
+        raise RuntimeError("plan() needs a process without a process group (it makes a fake one)")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        dims = pre.dims
+        built = build.build_model(job, dims, pre.model_args, dims.build_meshes("cpu"), device_type)
+        optimizer = build.build_optimizer(job, built)
+        twin = _create_optimizer_state(built.model, optimizer)
+        sizes = state_bytes(built.model, twin)
+        sizes["buffers (RoPE table)"] = tensors_bytes(built.model.buffers())
+    finally:
+        dist.destroy_process_group()
+    return pre, built, sizes
+
+
+def _activations(
+    job: JobConfig, pre: Preflight, built: BuiltModel, rank: int
+) -> tuple[ActivationEstimate, str, int]:
+    """(this rank's activations, the pipeline summary, sequences per micro-batch)."""
+    dims, opts, t = pre.dims, built.options, job.training
+    pipeline = ""
+    in_flight, batch, blocks_held, has_output = 1, t.local_batch_size, None, True
+    if dims.pp_enabled:
+        in_flight, exact, batch, blocks_held, has_output = _pipeline_share(job, built, dims, rank)
+        pipeline = built.pipeline_summary + (
+            f"\n  in flight            {in_flight} (micro-batch, stage) forwards at the peak"
+            + ("" if exact else " (upper bound: this schedule's peak is not modeled)")
+        )
+    act = estimate_activations(
+        pre.model_args,
+        local_batch_size=batch,
+        seq_len=t.seq_len,
+        tp=dims.tp,
+        loss_parallel=opts.loss_parallel,
+        ac_mode=opts.ac_mode,
+        ac_option=opts.ac_option,
+        memory_budget=opts.ac_memory_budget,
+        compute_bytes=opts.param_dtype.itemsize,
+        blocks_held=blocks_held,
+        has_output=has_output,
+        cp=dims.cp,
+        family=built.family,
+    )
+    if in_flight > 1:
+        act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)
+    return act, pipeline, batch
+
+
+def _fsdp_unsharded(job: JobConfig, pre: Preflight, built: BuiltModel) -> int | None:
+    """What FSDP holds unsharded at its peak; None without FSDP."""
+    dims, opts = pre.dims, built.options
+    compute_bytes, args = opts.param_dtype.itemsize, pre.model_args
+    if not dims.fsdp_enabled:
+        return None
+    if dims.pp_enabled and job.parallelism.fsdp_reshard_after_forward != "always":
+        # A stage's gathered parameters stay until the step's last backward (the family's
+        # parallelize does not reshard under pipeline parallel): all of them, plus the largest
+        # gradient.
+        numels = [p.numel() for p in built.model.parameters()]  # DTensor: the full size
+        return int(
+            sum(numels) * compute_bytes / dims.tp
+            + max(numels) * (compute_bytes + opts.reduce_dtype.itemsize) / dims.tp
+        )
+    return fsdp_transient_bytes(
+        built.family.estimator.fsdp_root_params(args),
+        args.n_layers,
+        dims.tp,
+        built.family.model.num_params(args),
+        compute_bytes,
+        opts.reduce_dtype.itemsize,
+    )
+
+
 def _pipeline_share(job: JobConfig, built, dims, rank: int) -> tuple[int, bool, int, int, bool]:
     """For `rank`'s pipeline stages: (micro-batch forwards in flight at the peak, whether that is
     exact, sequences per micro-batch, blocks per local stage on average, holds the output)."""
@@ -321,7 +353,7 @@ def _pipeline_share(job: JobConfig, built, dims, rank: int) -> tuple[int, bool, 
     in_flight, exact = microbatches_in_flight(
         p.pipeline_parallel_schedule, dims.pp, pp_rank, per_rank, n_mb
     )
-    blocks = sum(len(part.layers) for part in built.parts) // per_rank
+    blocks = sum(len(built.stage_layers[i]) for i in built.stage_ids) // per_rank
     has_output = built.num_stages - 1 in built.stage_ids
     return in_flight, exact, p.pipeline_parallel_microbatch_size, blocks, has_output
 

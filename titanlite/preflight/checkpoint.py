@@ -71,11 +71,12 @@ def check_hf_options(job: JobConfig) -> None:
     c = job.checkpoint
     if not (c.initial_load_in_hf or c.last_save_in_hf):
         return
-    from titanlite.components.checkpoint.hf import MODEL_NAME
+    from titanlite.families import get_family, hf_families
 
-    if job.model.name != MODEL_NAME:
+    if get_family(job.model.name).hf is None:
+        mapped = ", ".join(f.name for f in hf_families()) or "no"
         raise ConfigError(
-            f"[checkpoint] Hugging Face loading and export map {MODEL_NAME} models only, not "
+            f"[checkpoint] Hugging Face loading and export map {mapped} models only, not "
             f"{job.model.name}"
         )
     if c.initial_load_in_hf and not c.initial_load_path:

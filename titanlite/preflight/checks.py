@@ -21,7 +21,7 @@ from titanlite.preflight.data import check_windows, open_datasets
 from titanlite.preflight.environment import check_environment
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
-    from models.llama import LlamaArgs
+    from models import ModelArgs
     from parallelisms import ParallelDims
     from titanlite.data import DataSource, Tokenizer
 
@@ -31,7 +31,7 @@ class Preflight:
     """What the checks resolved, so the trainer does not resolve it again."""
 
     dims: ParallelDims
-    model_args: LlamaArgs
+    model_args: ModelArgs
     tokenizer_path: Path
     dataset: DataSource | None  # text files or prepared shards; None in a dry run
     validation_dataset: DataSource | None  # the same for [validation]; None when it is off
@@ -66,7 +66,7 @@ def check(
     )
 
 
-def check_model(job: JobConfig, vocab_size: int | None) -> tuple[Path, Tokenizer | None, LlamaArgs]:
+def check_model(job: JobConfig, vocab_size: int | None) -> tuple[Path, Tokenizer | None, ModelArgs]:
     """The flavor, the tokenizer (None when a dry run's `vocab_size` stands in for it), the
     sequence length and the model's arguments."""
     from titanlite.data import Tokenizer, resolve_tokenizer_path
@@ -95,7 +95,7 @@ def check_model(job: JobConfig, vocab_size: int | None) -> tuple[Path, Tokenizer
 
 
 def check_parallelism(
-    job: JobConfig, world_size: int, args: LlamaArgs, device_type: str
+    job: JobConfig, world_size: int, args: ModelArgs, device_type: str
 ) -> ParallelDims:
     """The parallel degrees resolved for `world_size`, and the layout they make (context and
     pipeline parallel included) checked against the model and the batch."""

@@ -1,5 +1,8 @@
-"""Hugging Face interop: a titanlite DCP checkpoint (any layout) <-> a Hugging Face Llama folder
-(`config.json`, `model.safetensors` or shards with an index, tokenizer files), streaming.
+"""Hugging Face interop: a titanlite DCP checkpoint (any layout) <-> a Hugging Face model folder
+(`config.json`, `model.safetensors` or shards with an index, tokenizer files), streaming. What is
+family-specific (names, the tensors' values, config.json) is the family's adapter (`hf` of its
+record in titanlite/families.py, e.g. models/llama/hf_mapping.py), reached through the model's
+name: the config's or the checkpoint manifest's.
 
     dcp_to_hf(Path("outputs/checkpoint/step-1000"), Path("hf/my-llama"))
     hf_to_dcp(Path("Meta-Llama-3.1-8B"), Path("outputs/checkpoint-init/step-0"))
@@ -37,8 +40,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
-from models.llama import hf_mapping as hf
-from models.llama.args import LlamaArgs
+from models.spec import HFAdapter, HFConfigError
 from titanlite.components.checkpoint import record as run_record
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
@@ -47,9 +49,15 @@ from titanlite.components.checkpoint.storage import (
     save_full_state_dict,
     verify,
 )
-from titanlite.families import model_args
+from titanlite.families import (
+    DEFAULT_FAMILY,
+    FAMILIES,
+    ModelFamily,
+    family_of_args,
+    family_of_hf_config,
+    model_args,
+)
 
-MODEL_NAME = "llama3"
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # as transformers' save_pretrained
 Report = Callable[[str], None]
 
@@ -204,33 +212,38 @@ class _Progress:
             )
 
 
-def _describe(args: LlamaArgs) -> str:
-    return (
-        f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads, {args.kv_heads} kv "
-        f"heads, vocab {args.vocab_size}"
-    )
+def _adapter(family: ModelFamily, where: object) -> HFAdapter:
+    if family.hf is None:
+        raise CheckpointError(f"{where}: model {family.name!r} has no Hugging Face mapping")
+    return family.hf
 
 
 def _check_tensors(
-    have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]], where: str, args: LlamaArgs
+    have: dict[str, tuple[int, ...]],
+    want: dict[str, tuple[int, ...]],
+    where: str,
+    args: Any,
+    hf: HFAdapter,
 ) -> None:
     """Missing, mis-shaped or unexpected tensors -> one line naming the first of them."""
+    describe = hf.describe
     missing = [k for k in want if k not in have]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(
-            f"{where} has no tensor {missing[0]}{more}, which the model ({_describe(args)}) needs"
+            f"{where} has no tensor {missing[0]}{more}, which the model ({describe(args)}) needs"
         )
     for k, shape in want.items():
         if tuple(have[k]) != tuple(shape):
             raise CheckpointError(
                 f"{where}: tensor {k} has shape {tuple(have[k])}, the model "
-                f"({_describe(args)}) needs {tuple(shape)}"
+                f"({describe(args)}) needs {tuple(shape)}"
             )
     extra = [k for k in have if k not in want]
     if extra:
         raise CheckpointError(
-            f"{where} has tensor {extra[0]}, which a Llama model ({_describe(args)}) does not have"
+            f"{where} has tensor {extra[0]}, which a {hf.label} model ({describe(args)}) does "
+            "not have"
         )
 
 
@@ -276,21 +289,48 @@ class _DcpTensors:
         return t
 
 
+@dataclass(frozen=True)
+class _SourceModel:
+    """The model of a checkpoint being exported: its family's adapter, args and tokenizer."""
+
+    hf: HFAdapter
+    args: Any
+    tokenizer: Path | None  # the one the run recorded or configured, if any
+
+
 def _model_of_checkpoint(
-    src: Path, manifest: dict, vocab_size: int, config: Path | None
-) -> tuple[LlamaArgs, Path | None]:
-    """The model args (and tokenizer, if known) of a checkpoint: from its manifest's
+    src: Path, manifest: dict, saved: dict[str, Any], config: Path | None
+) -> _SourceModel:
+    """The model (family, args and tokenizer, if known) of a checkpoint: from its manifest's
     `model_config`, else from a config.toml: `config`, or the run's own in the dump folder
     (`step-N/../../config.toml`, or an earlier one kept as `config.<time>.toml`) whose hash is
-    the manifest's `config_hash`."""
+    the manifest's `config_hash`. `saved`: the checkpoint's model tensors (name -> shape,
+    dtype), whose embedding gives the vocabulary."""
     recorded = manifest.get("model_config")
     if config is None and recorded:
-        if recorded.get("name", MODEL_NAME) != MODEL_NAME:
-            raise CheckpointError(f"{src}: model {recorded['name']!r} has no Hugging Face mapping")
+        name = recorded.get("name", DEFAULT_FAMILY)
+        family = FAMILIES.get(name)
+        if family is None or family.hf is None:
+            raise CheckpointError(f"{src}: model {name!r} has no Hugging Face mapping")
+        _vocab_size(src, saved, family.hf)
         tok = recorded.get("tokenizer")
-        return _checked(src, lambda: LlamaArgs.from_dict(recorded["args"])), Path(
-            tok
-        ) if tok else None
+        args = _checked(src, family.hf, lambda: family.args_from_dict(recorded["args"]))
+        return _SourceModel(family.hf, args, Path(tok) if tok else None)
+    config, job = _run_config(src, manifest, config)
+    hf = _adapter(FAMILIES[job.model.name], src)
+    vocab_size = _vocab_size(src, saved, hf)
+    from titanlite.data import TokenizerError, resolve_tokenizer_path
+
+    try:
+        tokenizer: Path | None = resolve_tokenizer_path(job.model.tokenizer_path)
+    except TokenizerError:
+        tokenizer = Path(job.model.tokenizer_path)  # reported as missing when it is used
+    return _SourceModel(hf, _checked(config, hf, lambda: model_args(job, vocab_size)), tokenizer)
+
+
+def _run_config(src: Path, manifest: dict, config: Path | None) -> tuple[Path, Any]:
+    """(config.toml, job config) of the run that saved `src`: `config`, else the one in its
+    dump folder."""
     if config is None:
         dump = src.resolve().parent.parent
         found = [
@@ -306,22 +346,24 @@ def _model_of_checkpoint(
             )
         config = found[0]
     from titanlite.config import loader as config_lib
-    from titanlite.data import TokenizerError, resolve_tokenizer_path
 
-    job = config_lib.load(["--config", str(config)])
-    try:
-        tokenizer: Path | None = resolve_tokenizer_path(job.model.tokenizer_path)
-    except TokenizerError:
-        tokenizer = Path(job.model.tokenizer_path)  # reported as missing when it is used
-    return _checked(config, lambda: model_args(job, vocab_size)), tokenizer
+    return config, config_lib.load(["--config", str(config)])
 
 
-def _checked(where: Path, make: Callable[[], LlamaArgs]) -> LlamaArgs:
+def _vocab_size(src: Path, saved: dict[str, Any], hf: HFAdapter) -> int:
+    if hf.embedding_key not in saved:
+        raise CheckpointError(
+            f"{src} has no tensor {hf.embedding_key}: not a {hf.label} checkpoint"
+        )
+    return saved[hf.embedding_key][0][0]
+
+
+def _checked(where: object, hf: HFAdapter, make: Callable[[], Any]) -> Any:
     try:
         args = make()
         args.check()
     except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{where}: no valid Llama model described ({e})") from None
+        raise CheckpointError(f"{where}: no valid {hf.label} model described ({e})") from None
     return args
 
 
@@ -373,13 +415,50 @@ def dcp_to_hf(
     max_position_embeddings: int | None = None,
     report: Report | None = None,
 ) -> None:
-    """Write the model of titanlite checkpoint `src` as a Hugging Face Llama folder `dst`.
+    """Write the model of titanlite checkpoint `src` as a Hugging Face folder `dst` (for its
+    family's Hugging Face architecture, e.g. LlamaForCausalLM).
 
     `dtype` (default: the checkpoint's), `tokenizer` (a tokenizer.json or its folder; default:
     the one the checkpoint records, skipped with a note when it cannot be found), `config` (a
     titanlite config.toml, for checkpoints whose manifest does not record the model)."""
     if dst.exists():
         raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
+    reader, saved, model = _open_checkpoint(src, config)
+    tok = _export_tokenizer(tokenizer, model, report)
+    hf, args = model.hf, model.args
+    keys = list(hf.state_dict_shapes(args))
+    out_dtype = {k: dtype or saved[k][1] for k in keys}
+    entries = [(hf.to_hf_name(k), saved[k][0], out_dtype[k]) for k in keys]
+    cfg = hf.hf_config(
+        args,
+        dtype=out_dtype[hf.embedding_key],
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tok[2] if tok else None,
+        eos_token_id=tok[3] if tok else None,
+    )
+
+    def convert(key: str) -> torch.Tensor:
+        return hf.to_hf_tensor(key, reader.load(f"model.{key}"), args)
+
+    partial = _start_output(dst)
+    try:
+        (partial / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if tok:
+            shutil.copyfile(tok[0], partial / "tokenizer.json")
+            (partial / "tokenizer_config.json").write_text(json.dumps(tok[1], indent=2) + "\n")
+        by_name = dict(zip((e[0] for e in entries), keys))
+        _write_safetensors(partial, entries, by_name, convert, max_shard_size, report)
+        partial.rename(dst)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _open_checkpoint(
+    src: Path, config: Path | None
+) -> tuple[_DcpTensors, dict[str, tuple[tuple[int, ...], torch.dtype]], _SourceModel]:
+    """The checkpoint, verified: its reader, its model tensors (name -> shape, dtype) and its
+    model, whose every tensor it holds at its shape."""
     problems = verify(src, checksums=False)
     if problems:
         raise CheckpointError("; ".join(problems[:3]))
@@ -390,74 +469,63 @@ def dcp_to_hf(
         raise CheckpointError(
             f"{src} holds no model weights (keys: {', '.join(manifest.get('keys', []))})"
         )
-    if "tok_embeddings.weight" not in saved:
-        raise CheckpointError(f"{src} has no tensor tok_embeddings.weight: not a Llama checkpoint")
-    args, recorded_tok = _model_of_checkpoint(
-        src, manifest, saved["tok_embeddings.weight"][0][0], config
-    )
-    _check_tensors(
-        {k: s for k, (s, _) in saved.items()}, hf.state_dict_shapes(args), str(src), args
-    )
+    model = _model_of_checkpoint(src, manifest, saved, config)
+    have = {k: s for k, (s, _) in saved.items()}
+    _check_tensors(have, model.hf.state_dict_shapes(model.args), str(src), model.args, model.hf)
+    return reader, saved, model
 
-    tok = None
+
+def _export_tokenizer(
+    tokenizer: Path | None, model: _SourceModel, report: Report | None
+) -> tuple[Path, dict[str, Any], int, int] | None:
+    """The tokenizer files to write: `tokenizer`'s, else the recorded one's if it is found."""
+    vocab_size = model.args.vocab_size
     if tokenizer is not None:
-        tok = _tokenizer_files(tokenizer, args.vocab_size)
-    elif recorded_tok is not None:
+        return _tokenizer_files(tokenizer, vocab_size)
+    if model.tokenizer is not None:
         try:
-            tok = _tokenizer_files(recorded_tok, args.vocab_size)
+            return _tokenizer_files(model.tokenizer, vocab_size)
         except CheckpointError as e:
             if report:
                 report(f"note: no tokenizer files written ({e}); pass --tokenizer")
     elif report:
         report("note: the checkpoint records no tokenizer; pass --tokenizer to include one")
+    return None
 
-    keys = list(hf.state_dict_shapes(args))
-    out_dtype = {k: dtype or saved[k][1] for k in keys}
-    entries = [(hf.to_hf_name(k), saved[k][0], out_dtype[k]) for k in keys]
-    by_name = dict(zip((e[0] for e in entries), keys))
+
+def _write_safetensors(
+    folder: Path,
+    entries: list[tuple[str, tuple[int, ...], torch.dtype]],
+    keys: dict[str, str],
+    convert: Callable[[str], torch.Tensor],
+    max_shard_size: int,
+    report: Report | None,
+) -> None:
+    """`entries` (HF name, shape, dtype) as model.safetensors, or as shards of at most
+    `max_shard_size` bytes with their index; each tensor is `convert(keys[HF name])` (the
+    titanlite key), written and dropped in turn."""
     shards = _shards(entries, max_shard_size)
     names = (
         ["model.safetensors"]
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    cfg = hf.hf_config(
-        args,
-        dtype=out_dtype["tok_embeddings.weight"],
-        max_position_embeddings=max_position_embeddings,
-        bos_token_id=tok[2] if tok else None,
-        eos_token_id=tok[3] if tok else None,
-    )
     total = sum(_nbytes(s, d) for _, s, d in entries)
     progress = _Progress(len(entries), total, report)
-
-    partial = _start_output(dst)
-    try:
-        (partial / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        if tok:
-            shutil.copyfile(tok[0], partial / "tokenizer.json")
-            (partial / "tokenizer_config.json").write_text(json.dumps(tok[1], indent=2) + "\n")
-        for name, shard in zip(names, shards):
-            writer = _SafetensorsWriter(partial / name, shard)
-            for hf_name, shape, d in shard:
-                key = by_name[hf_name]
-                t = hf.to_hf_tensor(key, reader.load(f"model.{key}"), args).to(d)
-                writer.write(hf_name, t)
-                progress.tick(hf_name, _nbytes(shape, d))
-                del t
-            writer.close()
-        if len(shards) > 1:
-            index = {
-                "metadata": {"total_size": total},
-                "weight_map": {e[0]: n for n, shard in zip(names, shards) for e in shard},
-            }
-            (partial / "model.safetensors.index.json").write_text(
-                json.dumps(index, indent=2) + "\n"
-            )
-        partial.rename(dst)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    for name, shard in zip(names, shards):
+        writer = _SafetensorsWriter(folder / name, shard)
+        for hf_name, shape, d in shard:
+            t = convert(keys[hf_name]).to(d)
+            writer.write(hf_name, t)
+            progress.tick(hf_name, _nbytes(shape, d))
+            del t
+        writer.close()
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {e[0]: n for n, shard in zip(names, shards) for e in shard},
+        }
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,7 +580,11 @@ class _StreamingSavePlanner(DefaultSavePlanner):
         return self.produce(write_item.index.fqn)
 
 
-def read_hf_config(src: Path) -> tuple[dict[str, Any], LlamaArgs]:
+def read_hf_config(
+    src: Path, family: ModelFamily | None = None
+) -> tuple[dict[str, Any], Any, ModelFamily]:
+    """(config.json, the family's args for it, the family): `family`, else the one whose adapter
+    reads config.json's model_type."""
     path = src / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{src} has no config.json: not a Hugging Face model folder")
@@ -520,27 +592,28 @@ def read_hf_config(src: Path) -> tuple[dict[str, Any], LlamaArgs]:
         cfg = json.loads(path.read_text())
     except ValueError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    family = family or family_of_hf_config(cfg)
     try:
-        return cfg, hf.args_from_hf_config(cfg)
-    except hf.HFConfigError as e:
+        return cfg, _adapter(family, src).args_from_hf_config(cfg), family
+    except HFConfigError as e:
         raise CheckpointError(f"{src}/{e}") from None
 
 
-_SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "kv_heads", "vocab_size", "ffn_hidden_dim")
-
-
 class HFFolder:
-    """A Hugging Face Llama folder, checked: its config describes a titanlite Llama (the
-    configured model `expect`, when given, field by field) and its safetensors hold exactly that
-    model's tensors at their shapes. Only headers are read here."""
+    """A Hugging Face model folder, checked: its config describes a model of the family (the
+    configured model `expect`, when given, field by field; the family: `expect`'s, else the one
+    config.json's model_type names) and its safetensors hold exactly that model's tensors at
+    their shapes. Only headers are read here."""
 
-    def __init__(self, src: Path, expect: LlamaArgs | None = None):
+    def __init__(self, src: Path, expect: Any = None):
         self.src = src
-        self.config, self.args = read_hf_config(src)
+        family = None if expect is None else family_of_args(expect)
+        self.config, self.args, family = read_hf_config(src, family)
+        self.hf = hf = _adapter(family, src)
         if expect is not None:
             differ = [
                 f"{f} {getattr(self.args, f)} (config.json) vs {getattr(expect, f)} (configured)"
-                for f in _SHAPE_FIELDS
+                for f in hf.shape_fields
                 if getattr(self.args, f) != getattr(expect, f)
             ]
             if differ:
@@ -550,19 +623,20 @@ class HFFolder:
         self.tied = bool(self.config.get("tie_word_embeddings", False))
         self.tensors = _hf_tensors(src)
         self.shapes = hf.state_dict_shapes(self.args)
-        have = {n: e.shape for n, e in self.tensors.items() if not hf.HF_IGNORED.match(n)}
+        self.family = family
+        have = {n: e.shape for n, e in self.tensors.items() if not hf.ignored.match(n)}
         want = {self.source(k): s for k, s in self.shapes.items()}
-        _check_tensors(have, want, str(src), self.args)
+        _check_tensors(have, want, str(src), self.args, hf)
 
     def source(self, key: str) -> str:
         """The HF tensor that titanlite parameter `key` is read from."""
-        return hf.hf_source_name(key, self.tied)
+        return self.hf.source_name(key, self.tied)
 
 
 def hf_to_dcp(
     src: Path, dst: Path, *, dtype: torch.dtype | None = None, report: Report | None = None
 ) -> None:
-    """Write the Hugging Face Llama folder `src` as a complete titanlite checkpoint `dst`
+    """Write the Hugging Face folder `src` as a complete titanlite checkpoint `dst`
     (model weights, manifest), usable as `checkpoint.initial_load_path` on any layout.
     `dtype` defaults to each tensor's own."""
     if dst.exists():
@@ -583,7 +657,7 @@ def hf_to_dcp(
         entry = tensors[source[key]]
         if entry.file not in files:
             files[entry.file] = entry.file.open("rb")
-        t = hf.from_hf_tensor(key, _read_tensor(files[entry.file], entry), args)
+        t = folder.hf.from_hf_tensor(key, _read_tensor(files[entry.file], entry), args)
         t = t.to(out_dtype[key]).contiguous()
         progress.tick(key, t.nbytes)
         return t
@@ -596,7 +670,7 @@ def hf_to_dcp(
         "titanlite_version": run_record.titanlite_version(),
         "saved_at": time.time(),
         "model_config": run_record.model_config_record(
-            MODEL_NAME, None, args, tok.resolve() if tok.is_file() else None
+            folder.family.name, None, args, tok.resolve() if tok.is_file() else None
         ),
     }
     try:

@@ -1,5 +1,5 @@
 """Hugging Face weights in and out of a training run: `checkpoint.initial_load_in_hf` starts
-from a Hugging Face Llama folder, `checkpoint.last_save_in_hf` exports the final weights as one.
+from a Hugging Face folder of the model's family, `checkpoint.last_save_in_hf` exports the final weights as one.
 
 Loading is streamed per rank: each rank reads, from the safetensors files, only the rows of the
 tensors its own parameters hold (its pipeline stage's; of a sharded DTensor, the rows of its
@@ -26,8 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from models.llama import hf_mapping as hf
-from models.llama.args import LlamaArgs
+from models import ModelArgs
 from titanlite.components.checkpoint.hf import HFFolder, dcp_to_hf, read_rows
 from titanlite.components.checkpoint.storage import CheckpointError
 from titanlite.core.logging import logger
@@ -36,24 +35,21 @@ from titanlite.core.logging import logger
 def _local_slice(
     f: BinaryIO, folder: HFFolder, key: str, shape: tuple[int, ...], offset: tuple[int, ...]
 ) -> torch.Tensor:
-    """The block `shape` at `offset` of titanlite parameter `key`, from the HF file. The q/k
-    permutation moves rows within a head only, so whole heads around the block are read."""
+    """The block `shape` at `offset` of titanlite parameter `key`, from the HF file. The
+    adapter's conversion moves rows within a row group only (for Llama, the q/k permutation
+    within a head), so whole groups around the block are read."""
     entry = folder.tensors[folder.source(key)]
     first, stop = offset[0], offset[0] + shape[0]
-    span = (
-        folder.args.head_dim if key.endswith(("attention.wq.weight", "attention.wk.weight")) else 1
-    )
+    span = folder.hf.row_group(key, folder.args)
     lo, hi = first // span * span, -(-stop // span) * span
-    rows = read_rows(f, entry, lo, hi)
-    if span > 1:
-        rows = hf.permute_from_hf(rows, (hi - lo) // span)
+    rows = folder.hf.from_hf_tensor(key, read_rows(f, entry, lo, hi), folder.args)
     block = rows[first - lo : stop - lo]
     for dim in range(1, len(shape)):
         block = block.narrow(dim, offset[dim], shape[dim])
     return block
 
 
-def load_hf_weights(model: nn.Module, src: Path, expect: LlamaArgs) -> None:
+def load_hf_weights(model: nn.Module, src: Path, expect: ModelArgs) -> None:
     """Set the model's parameters (this rank's share) from Hugging Face folder `src`."""
     start = time.perf_counter()
     folder = HFFolder(src, expect)

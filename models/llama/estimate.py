@@ -1,0 +1,164 @@
+"""Activation memory of a Llama training step, per rank, from the shapes alone: the terms of
+titanlite's Llama block for the dry run (titanlite.planning.activation_memory combines them
+with the activation-checkpointing mode and the pipeline stage), and its other dry-run formulas.
+
+The formula counts what autograd saves for backward in titanlite's Llama block (the same
+bookkeeping as Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", redone for RMSNorm, RoPE, grouped-query SDPA attention and SwiGLU). Per token and per
+block, with compute dtype size e, dim d, key/value width kv = n_kv_heads x head_dim, FFN hidden
+size F, heads n and tensor-parallel degree t (sequence parallel: norms work on 1/t of the tokens):
+
+    norms       2 x (4d/t + 4/t)        fp32 input and 1/rstd of each RMSNorm
+    gathered    2 x e*d                 each norm's output, all-gathered for the q/k/v and w1/w3
+                                        matmuls (saved whole on every TP rank)
+    attention   e*(d + 2kv)/t           q, k, v after RoPE (SDPA inputs)
+                2 x e*d/t + 4n/t        SDPA output, its contiguous copy for wo, log-sum-exp
+    SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
+
+Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves float32 logits
+over the vocabulary V (V/t with loss parallel), and the first backward step adds a float32
+gradient of the same size (transient, counted in the peak).
+
+Document masking (block_causal) through SDPA adds the boolean mask, batch x seq x seq bytes,
+built once per micro-batch and shared by every block; and, per block, the additive copy in the
+compute dtype that SDPA makes of a boolean mask and saves for backward (e x seq per token, on
+every TP rank: the mask covers the whole sequence and is broadcast over the heads; measured on
+torch 2.13 CPU with saved-tensor hooks). FlexAttention's BlockMask holds a few int32 per
+128 x 128 tile: not counted.
+
+Context parallel (cp ranks share each sequence; see parallelisms/context_parallel.py): every
+per-token term above counts this rank's tokens, batch x seq/cp, because each rank embeds, projects
+and normalizes only its own part of each sequence, and computes the logits and loss of its own
+positions. What attention needs of the whole sequence does not shrink with cp:
+
+    keys/values e*2kv x cp/t per local token (replacing e*2kv/t): the all-gathered keys and
+                values of the whole sequence are SDPA's inputs, so SDPA keeps them, not the
+                local ones (the all-gather needs nothing saved to reduce-scatter the gradients)
+    mask        once per forward, outside the blocks: the additive mask of this rank's queries
+                against all keys, e x seq/cp x seq bytes (times the batch under block_causal),
+                which the model builds in the compute dtype so that SDPA keeps it as it is and
+                every block shares it. It replaces, under block_causal, both the window's
+                batch x seq x seq booleans and the per-block additive copy (the e x seq per
+                token above); a causal model needs it because this rank's queries against all
+                keys are no longer a square causal pattern.
+    RoPE rows   once per forward: the rotations of this rank's positions (seq/cp x head_dim/2
+                complex64 values; per sequence with document positions)
+
+The mask and the rows are made before the first block and are inputs of every block, so
+checkpointing keeps them whatever its mode. Measured on torch 2.13 CPU (SDPA's flash kernel for
+CPU) on 2 gloo ranks with saved-tensor hooks (tests/unit/test_activation_memory.py). On CUDA the
+kernel that takes a mask is memory-efficient attention, which saves the same inputs if it accepts
+grouped-query heads; not measured here: where it does not, SDPA falls back to the math kernel,
+which saves the seq/cp x seq attention probabilities of every head, and this formula does not
+hold. Selective op checkpointing was measured to keep no per-block additive mask without cp
+either, so the block_causal term it adds per block over-counts; it stays until the no-cp
+calibration settles it.
+
+Under activation checkpointing a block keeps its input (e*d/t per token); selective op
+checkpointing keeps, besides, every second matmul output (wq, wv, w1, w2 in forward order), the
+SDPA output and log-sum-exp.
+Calibrated against torch's MemTracker on real CPU runs: see docs/dry_run.md.
+"""
+
+from __future__ import annotations
+
+from models.llama.args import LlamaArgs
+from models.spec import ActivationTerms, Estimator
+
+# Llama 3's tokenizer: what a dry run assumes when the tokenizer file is not on this machine.
+LLAMA3_VOCAB = 128_256
+
+
+def block_activations(
+    args: LlamaArgs,
+    *,
+    local_batch_size: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    compute_bytes: int,
+) -> tuple[float, float, float]:
+    """(one block without checkpointing, its input, what selective op checkpointing keeps of
+    it): bytes for this rank's tokens of a micro-batch."""
+    e, d, t, n = compute_bytes, args.dim, tp, args.n_heads
+    kv, ffn = args.kv_heads * args.head_dim, args.ffn_hidden_dim
+    tokens = local_batch_size * seq_len // cp  # this rank's tokens
+
+    norms = 2 * (4 * d + 4) / t
+    gathered = 2 * e * d
+    # Keys and values: the whole sequence's under context parallel (all-gathered).
+    attention = e * (d + 2 * kv * cp) / t + 2 * e * d / t + 4 * n / t
+    sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
+    per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)
+    if per_block_mask:
+        attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
+    swiglu = 4 * e * ffn / t
+    full_block = tokens * (norms + gathered + attention + swiglu)
+    block_input = tokens * e * d / t
+    # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input.
+    w2_out = (
+        e * d if t == 1 else e * d + e * d / t
+    )  # partial sums before the reduce-scatter, and its result
+    op_block = tokens * (e * (d + kv + ffn) / t + w2_out + e * d / t + 4 * n / t) + block_input
+    if per_block_mask:  # an over-count: SAC keeps no additive mask (module docstring)
+        op_block += tokens * e * seq_len
+    return full_block, block_input, op_block
+
+
+def shared_activations(
+    args: LlamaArgs, *, local_batch_size: int, seq_len: int, cp: int, compute_bytes: int
+) -> int:
+    """What the model builds once per forward and every block reads: the masks and, under
+    context parallel, the RoPE rows of this rank's positions."""
+    e = compute_bytes
+    if cp > 1:
+        rows = seq_len // cp  # this rank's query positions
+        per_sequence = args.attn_mask_type == "block_causal"
+        masks = e * rows * seq_len * (local_batch_size if per_sequence else 1)
+        rope_rows = rows * (1 if args.rope_positions == "window" else local_batch_size)
+        return masks + rope_rows * args.head_dim // 2 * 8  # complex64
+    sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
+    return local_batch_size * seq_len * seq_len if sdpa_mask else 0  # boolean
+
+
+def activations(
+    args: LlamaArgs,
+    *,
+    local_batch_size: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    loss_parallel: bool,
+    compute_bytes: int,
+) -> ActivationTerms:
+    """The terms of a micro-batch of `local_batch_size` sequences of `seq_len` tokens (the whole
+    sequence: `cp` ranks share each) on one rank of `tp` tensor-parallel ranks."""
+    e, d, t = compute_bytes, args.dim, tp
+    tokens = local_batch_size * seq_len // cp  # this rank's tokens
+    full_block, block_input, op_block = block_activations(
+        args,
+        local_batch_size=local_batch_size,
+        seq_len=seq_len,
+        tp=tp,
+        cp=cp,
+        compute_bytes=compute_bytes,
+    )
+    logits_width = args.vocab_size / t if (loss_parallel or t == 1) else args.vocab_size
+    return ActivationTerms(
+        full_block=full_block,
+        block_input=block_input,
+        op_block=op_block,
+        outside=tokens * ((4 * d + 4) / t + e * d + 4 * logits_width),
+        shared=shared_activations(
+            args, local_batch_size=local_batch_size, seq_len=seq_len, cp=cp, compute_bytes=e
+        ),
+        loss_backward=tokens * 4 * logits_width,
+    )
+
+
+def fsdp_root_params(args: LlamaArgs) -> int:
+    """The embedding, the output head and the final norm."""
+    return 2 * args.vocab_size * args.dim + args.dim
+
+
+ESTIMATOR = Estimator(activations, fsdp_root_params, LLAMA3_VOCAB)
