@@ -130,12 +130,12 @@ def run(a: argparse.Namespace) -> dict:
             base = [step() for _ in range(a.steps)]
             # 1. synchronous save: the whole write blocks training.
             sync_step, next_step = next_step, next_step + 1
-            ckpt.save(sync_step, force_sync=True)
+            ckpt.save(sync_step, config_hash=trainer.config_hash, force_sync=True)
             sync_blocked = ckpt.last_blocking_s
             nbytes = dir_bytes(step_dir(ckpt.folder, sync_step))
             # 2. async save of the same state, then K steps while the write is in flight.
             async_step, next_step = next_step, next_step + 1
-            ckpt.save(async_step)
+            ckpt.save(async_step, config_hash=trainer.config_hash)
             returned, async_blocked = time.perf_counter(), ckpt.last_blocking_s
             done_at: list[float] = []
             ckpt.pending.add_done_callback(lambda _f, d=done_at: d.append(time.perf_counter()))

@@ -185,10 +185,9 @@ def build_model(
     plans = [family.parallelize(part, dims, meshes, options) for part in parts]
     n_mb = job.training.local_batch_size // pp.microbatch_size
     summary = describe(pp.schedule, dims.pp, layers, n_mb, pp.microbatch_size)
-    built = BuiltModel(ModelParts(parts), family, options, plans[0], parts, ids, stages)
-    built.pipeline_summary = summary
-    built.stage_layers = layers
-    return built
+    return BuiltModel(
+        ModelParts(parts), family, options, plans[0], parts, ids, stages, summary, layers
+    )
 
 
 def materialize(built: BuiltModel, device: torch.device, seed: int) -> nn.Module:

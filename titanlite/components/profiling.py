@@ -83,14 +83,3 @@ def maybe_memory_snapshots(
         yield snapshots
     finally:
         snapshots.close()
-
-
-@contextlib.contextmanager
-def oom_snapshot(snapshots: MemorySnapshots | None, step: int) -> Iterator[None]:
-    """On an out-of-memory error, dump what filled the memory before the error unwinds."""
-    try:
-        yield
-    except torch.OutOfMemoryError:
-        if snapshots is not None:
-            snapshots.dump(f"iteration_{step}_oom")
-        raise

@@ -3,27 +3,24 @@ titanlite.train --config PATH [...]`, through titanlite.cli).
 
 Flow: config + preflight checks (no process group yet) -> process group and mesh -> tokenizer
 and loader -> titanlite.build.assemble (model on meta -> parallelize -> materialize -> optimizer) ->
-checkpoint load -> the loop. What happens around a step (saves, profiler, memory snapshots, gc,
-the preemption agreement) is an ordered list of step-end hooks; where the time goes is the
-metrics' Clock.
+checkpoint load -> the loop. The step itself is a TrainStep (titanlite.trainer.train_step); what
+happens around it (Hugging Face load and export, saves, profiler, memory snapshots, gc, the
+preemption agreement, metrics) is an ordered list of callbacks (titanlite.trainer.callbacks);
+where the time goes is the metrics' Clock.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import signal
+import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
-from parallelisms import loss_context
 from titanlite.build import assemble as build
 from titanlite.components.checkpoint.manager import CheckpointManager
 from titanlite.components.checkpoint.record import config_hash, model_config_record
@@ -32,26 +29,18 @@ from titanlite.components.metrics.file import FILE as METRICS_FILE
 from titanlite.components.metrics.file import read_metrics
 from titanlite.components.metrics.logger import MetricsLogger, tb_run_dir
 from titanlite.components.nonfinite import NonFiniteGuard
-from titanlite.components.optim import (
-    build_lr_scheduler,
-    clip_grad_norm_,
-    reconcile_resumed_settings,
-)
-from titanlite.components.preemption import (
-    StopRequest,
-)
-from titanlite.components.profiling import maybe_memory_snapshots, maybe_profile, oom_snapshot
+from titanlite.components.optim import build_lr_scheduler, reconcile_resumed_settings
+from titanlite.components.preemption import StopRequest
 from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
 from titanlite.core import distributed
 from titanlite.core.logging import logger
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.preflight import checks as preflight
+from titanlite.trainer import callbacks as cb
 from titanlite.trainer.pipeline_step import PipelineStep
+from titanlite.trainer.train_step import Microbatch, PipelineTrainStep, TrainStep
 from titanlite.trainer.validate import ValidationData, Validator
-
-Microbatch = tuple[torch.Tensor, torch.Tensor]
-StepHook = Callable[[int], None]
 
 
 class TrainState:
@@ -71,9 +60,7 @@ class TrainState:
 class Trainer:
     def __init__(self, job: JobConfig, pre: preflight.Preflight, launch_start: float | None = None):
         self.job, self.pre, self.dims = job, pre, pre.dims
-        self.config_text = config_lib.to_toml(job)  # saved, hashed and shown in TensorBoard
         self.preempted = 0  # the signal number that stopped train() early
-        self.last_saved_step = -1
         self.stop_message = ""
         self.launch_start = time.perf_counter() if launch_start is None else launch_start
         self.device = distributed.init(job.comm.init_timeout_seconds)
@@ -142,19 +129,7 @@ class Trainer:
         self.model = build.materialize(built, self.device, self.seed)
         if job.model.print_after_conversion and self.rank == 0:
             logger.info(f"model after parallelization:\n{self.model}")
-        self.loss_parallel = built.loss_parallel
-        self.sequence_shards = built.sequence_shards
         self.loss_fn = build.build_loss_fn(job)
-        self.pipeline = None
-        if self.dims.pp_enabled:
-            self.pipeline = PipelineStep(
-                built,
-                self.meshes.get("pp"),
-                self.device,
-                t.local_batch_size,
-                self.loss_fn,
-                build.pipeline_options(job),
-            )
         # Under block_causal the model cannot see across a document boundary, so the target
         # there (a document's first token) gets no loss either.
         self.boundary_bos_id = (
@@ -162,7 +137,7 @@ class Trainer:
         )
         param_dtype = built.options.param_dtype
         # FSDP casts parameters itself; without it, autocast gives the same compute dtype.
-        self.amp = (
+        amp = (
             torch.autocast(self.device.type, dtype=param_dtype)
             if not self.dims.fsdp_enabled and param_dtype != torch.float32
             else contextlib.nullcontext()
@@ -170,7 +145,9 @@ class Trainer:
         self.optimizer = build.build_optimizer(job, built)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
-        self.params = [q for q in self.model.parameters() if q.requires_grad]
+        self.train_state = TrainState()
+        self.nonfinite = NonFiniteGuard(t.skip_nonfinite_steps)
+        self.train_step = self._build_train_step(built, amp)
         self.validator = None
         if self.validation_data is not None:
             self.validator = Validator(
@@ -179,18 +156,44 @@ class Trainer:
                 self.model,
                 self.loss_fn,
                 self.device,
-                self.loss_parallel,
-                self.amp,
+                built.loss_parallel,
+                amp,
                 self.global_sum,
                 self.boundary_bos_id,
-                forward_loss=self.pipeline.evaluate if self.pipeline is not None else None,
-                sequence_shards=self.sequence_shards,
+                forward_loss=self.train_step.eval_loss,
+                sequence_shards=built.sequence_shards,
             )
+
+    def _build_train_step(self, built: build.BuiltModel, amp) -> TrainStep:
+        job, dims = self.job, self.dims
+        args = (self.model, self.optimizer, self.lr_scheduler, self.loss_fn)
+        kwargs = dict(
+            step=lambda: self.train_state.step,
+            device=self.device,
+            amp=amp,
+            loss_parallel=built.loss_parallel,
+            sequence_shards=built.sequence_shards,
+            loss_ranks=dims.loss_ranks,
+            global_sum=self.global_sum,
+            max_norm=job.training.max_norm,
+            nonfinite=self.nonfinite,
+        )
+        if not dims.pp_enabled:
+            sync_each = job.parallelism.fsdp_sync_grads_each_microbatch
+            last_only = dims.fsdp_enabled and not sync_each
+            return TrainStep(*args, **kwargs, sync_last_microbatch_only=last_only)
+        pipeline = PipelineStep(
+            built,
+            self.meshes.get("pp"),
+            self.device,
+            job.training.local_batch_size,
+            self.loss_fn,
+            build.pipeline_options(job),
+        )
+        return PipelineTrainStep(pipeline, *args, **kwargs)
 
     def _build_checkpoint_and_metrics(self) -> None:
         job, pre, t = self.job, self.pre, self.job.training
-        self.train_state = TrainState()
-        self.nonfinite = NonFiniteGuard(t.skip_nonfinite_steps)
         self.checkpointer = CheckpointManager(
             job.checkpoint,
             self.dump_folder,
@@ -199,23 +202,22 @@ class Trainer:
             lr_scheduler=self.lr_scheduler,
             dataloader=self.dataloader,
             train_state=self.train_state,
-            config_hash=config_hash(self.config_text),
             total_steps=t.steps,
             model_config=model_config_record(
                 job.model.name, job.model.flavor, pre.model_args, pre.tokenizer_path
             ),
-            model_args=pre.model_args,
         )
         if not job.checkpoint.create_seed_checkpoint and self.checkpointer.load():
             logger.info(f"resuming at step {self.train_state.step}")
         resumed = self.checkpointer.resumed_from is not None
-        if resumed:
-            self._reconcile_resumed_settings()
-        if self.rank == 0:  # after the resume: it records what actually runs
+        # What actually runs: saved, hashed into each checkpoint and shown in TensorBoard.
+        self.config_text = config_lib.to_toml(self._running_config(resumed))
+        self.config_hash = config_hash(self.config_text)
+        if self.rank == 0:
             config_lib.save_resolved(self.dump_folder, self.config_text)
         # Steps up to here were trained by an earlier launch past its last checkpoint: this
         # launch trains them again (lost time for goodput).
-        clock = Clock(self.launch_start, last_logged_step(self.dump_folder) if resumed else 0)
+        self.clock = Clock(self.launch_start, last_logged_step(self.dump_folder) if resumed else 0)
         self.tokens_per_step = (
             t.local_batch_size * t.seq_len * self.grad_accum_steps * self.dims.dp_size
         )
@@ -233,11 +235,9 @@ class Trainer:
             rank=self.rank,
             config_text=self.config_text,
             tb_dir=tb_run_dir(self.dump_folder / job.metrics.save_tb_folder, resumed=resumed),
-            clock=clock,
+            clock=self.clock,
+            pp_group=self.train_step.pp_group,
         )
-        if self.pipeline is not None:
-            self.metrics.pp_group = self.pipeline.pp_group
-        self.clock = clock
         logger.info(
             f"training {t.steps} steps: {t.local_batch_size} x {t.seq_len} tokens per rank per "
             f"micro-batch, {self.grad_accum_steps} micro-batch(es) per step, data-parallel degree "
@@ -245,11 +245,14 @@ class Trainer:
             "sequences per step"
         )
 
-    def _reconcile_resumed_settings(self) -> None:
-        """One warning per [optimizer] setting where the checkpoint and the config disagree;
-        the checkpoint's value continues (exact resume) unless the user asked otherwise, and the
-        job config is updated to say what runs."""
-        cfg, apply = self.job.optimizer, self.job.checkpoint.apply_new_optimizer_settings
+    def _running_config(self, resumed: bool) -> JobConfig:
+        """The job config as it runs: after a resume, with the checkpoint's value of each
+        [optimizer] setting where the two disagree (one warning each), unless the user asked to
+        apply the configured ones. The job config itself is left alone."""
+        job, apply = self.job, self.job.checkpoint.apply_new_optimizer_settings
+        if not resumed:
+            return job
+        cfg = job.optimizer
         differences = reconcile_resumed_settings(self.optimizer, self.lr_scheduler, cfg, apply)
         for key, (saved, configured) in differences.items():
             if apply:
@@ -262,10 +265,10 @@ class Trainer:
                     f"optimizer.{key}: the checkpoint's {saved} continues, not the configured "
                     f"{configured}; pass --checkpoint.apply_new_optimizer_settings to apply it"
                 )
-                setattr(cfg, key, saved)
-        if differences and not apply:
-            self.config_text = config_lib.to_toml(self.job)
-            self.checkpointer.config_hash = config_hash(self.config_text)
+        if apply or not differences:
+            return job
+        kept: dict[str, Any] = {key: saved for key, (saved, _) in differences.items()}
+        return dataclasses.replace(job, optimizer=dataclasses.replace(cfg, **kept))
 
     def _verify_shards(self, shards: ShardSet) -> None:
         """Checksum every prepared shard before training, the ranks sharing the reading."""
@@ -290,49 +293,6 @@ class Trainer:
                 )
             return batches
 
-    def train_step(
-        self, microbatches: list[Microbatch]
-    ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimizer step over the micro-batches: (this rank's share of the loss, grad norm,
-        LR used); the shares' mean over data-parallel ranks is the step's loss."""
-        self.optimizer.zero_grad(set_to_none=True)
-        n = len(microbatches)
-        batches = [build.local_batch(self.sequence_shards, x, y) for x, y in microbatches]
-        # Every counted target of the global batch weighs 1 / (their global number). Gradients
-        # are averaged over the ranks holding different tokens (FSDP over dp_shard x cp, DDP),
-        # hence the factor loss_ranks.
-        counted = sum((labels != build.IGNORE_INDEX).sum() for *_, labels in batches)
-        global_counted = max(int(self.global_sum(torch.as_tensor(counted))), 1)
-        scale = self.dims.loss_ranks / global_counted
-        sync_each = self.job.parallelism.fsdp_sync_grads_each_microbatch
-        loss_sum = torch.zeros((), device=self.device)
-        for i, (inputs, tokens, labels) in enumerate(batches):
-            if self.pipeline is not None:
-                with loss_context(self.loss_parallel), self.amp:
-                    loss_sum += self.pipeline(inputs, labels, scale, tokens)
-                continue
-            if self.dims.fsdp_enabled and not sync_each:
-                # One reduce-scatter per step instead of one per micro-batch, for more memory.
-                cast(FSDPModule, self.model).set_requires_gradient_sync(i == n - 1)
-            with loss_context(self.loss_parallel):
-                with self.amp:
-                    logits = self.model(inputs, **build.model_kwargs(tokens))
-                    loss = self.loss_fn(logits, labels) * scale
-                loss.backward()
-            loss_sum += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
-        if self.pipeline is not None:
-            loss_sum = self.pipeline.share_loss(loss_sum)
-        grad_norm = clip_grad_norm_(
-            self.params,
-            self.job.training.max_norm,
-            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
-        )
-        lr = float(self.lr_scheduler.get_last_lr()[0])
-        if self.nonfinite.allow_update(self.train_state.step, grad_norm):
-            self.optimizer.step()
-            self.lr_scheduler.step()
-        return loss_sum, grad_norm, lr
-
     def global_sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks holding different tokens, data- and context-parallel (a copy; the
         value itself is left alone)."""
@@ -353,137 +313,71 @@ class Trainer:
             return self.validator.run()
 
     def save_seed_checkpoint(self) -> None:
-        self.checkpointer.save(0, weights_only=True)
+        self.checkpointer.save(0, config_hash=self.config_hash, weights_only=True)
         logger.info(f"seed checkpoint written to {self.checkpointer.folder / 'step-0'}")
 
+    def _callbacks(
+        self, stop: StopRequest
+    ) -> tuple[cb.Callbacks, cb.PreemptionAgreement, cb.MetricsLogging]:
+        """What runs around the steps, in this order (each hook is called down the list); the
+        preemption agreement and the metrics are returned again for what train() reads."""
+        job, rank, ckpt, steps = self.job, self.rank, self.checkpointer, self.job.training.steps
+        callbacks = cb.Callbacks()
+        saver = cb.Saver(ckpt, self.clock, self.config_hash, callbacks.post_checkpoint_saved)
+        preemption = cb.PreemptionAgreement(stop, saver, job.checkpoint.enable_checkpoint, steps)
+        metrics = cb.MetricsLogging(
+            self.metrics, self.global_mean, self.nonfinite, lambda: self.train_state.step
+        )
+        callbacks += [
+            cb.HFInitialLoad(ckpt, self.model, self.pre.model_args),
+            cb.CheckpointWhenDue(saver),
+            cb.Profiler(job.profiling, self.dump_folder, rank),
+            cb.MemorySnapshots(job.profiling, self.dump_folder, rank),
+            cb.GarbageCollection(job.training.gc_freq),
+            preemption,  # last of those that act after a step: it may save once more
+            cb.HFExport(saver, job.checkpoint, steps),
+            metrics,
+        ]
+        return callbacks, preemption, metrics
+
     def train(self, stop: StopRequest | None = None) -> list[dict]:
-        """The loop; `self.preempted` is the signal number that stopped it early, else 0."""
-        state, records = self.train_state, []
-        stop = stop or StopRequest()
-        stop.arm()
-        gc.disable()
-        gc.collect()
-        data_iter = iter(self.dataloader)
-        distributed.set_timeout(self.job.comm.train_timeout_seconds)
-        self.clock.start_training()
-        with self._step_end_hooks(stop) as hooks:
-            while state.step < self.job.training.steps and not self.preempted:
+        """The loop; `self.preempted` is the signal number that stopped it early, else 0.
+        Returns the metrics records it logged."""
+        state, stop, steps = self.train_state, stop or StopRequest(), self.job.training.steps
+        callbacks, preemption, metrics = self._callbacks(stop)
+        try:
+            callbacks.pre_train()
+            stop.arm()
+            data_iter = iter(self.dataloader)
+            distributed.set_timeout(self.job.comm.train_timeout_seconds)
+            self.clock.start_training()
+            while state.step < steps and not preemption.signum:
                 state.step += 1
                 self.clock.step_begin()
                 microbatches = self.next_microbatches(data_iter)
-                with hooks.oom_snapshot(state.step):
-                    loss, grad_norm, lr = self.train_step(microbatches)
+                try:
+                    out = self.train_step(microbatches)
+                except Exception as error:
+                    callbacks.on_error(state.step, error)
+                    raise
                 state.tokens_seen += self.tokens_per_step
-                self.metrics.count_step()
-                val_loss = self.validate(state.step)
-                # Reading the loss syncs with the device: only on the steps that log it.
-                if self.metrics.should_log(state.step) or val_loss is not None:
-                    loss_value = self.global_mean(loss)
-                    records.append(
-                        self.metrics.log(
-                            state.step,
-                            loss_value,
-                            grad_norm.item(),
-                            lr,
-                            val_loss,
-                            skipped_steps=self.nonfinite.skipped,
-                        )
-                    )
+                callbacks.post_train_batch(state.step, out, self.validate(state.step))
                 state.elapsed_s += self.clock.step_end(state.step)
-                for hook in hooks:
-                    hook(state.step)
-        stop.restore()
-        with self.clock.span("checkpoint"):
-            self.checkpointer.wait()
-            # Only by the launch that saved the final step: a relaunch that resumes there
-            # trains nothing and finds the export already written.
-            if (
-                self.job.checkpoint.last_save_in_hf
-                and self.last_saved_step == self.job.training.steps
-            ):
-                self.checkpointer.export_hf(self.last_saved_step)
-        if not self.preempted:
-            logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
-        self.metrics.log_goodput(state.step)
-        return records
-
-    @contextlib.contextmanager
-    def _step_end_hooks(self, stop: StopRequest) -> Iterator[StepHooks]:
-        """What runs after every step, in this order: save when due, profiler, memory
-        snapshots, gc, and last the preemption agreement (which may save once more)."""
-        job, rank = self.job, self.rank
-        with (
-            maybe_profile(job.profiling, self.dump_folder, rank) as profiler,
-            maybe_memory_snapshots(job.profiling, self.dump_folder, rank) as snapshots,
-        ):
-            hooks = StepHooks(snapshots)
-            hooks.append(self._save_if_due)
-            if profiler is not None:
-                hooks.append(lambda step: profiler.step())
-            if snapshots is not None:
-                hooks.append(snapshots.step)
-            hooks.append(self._collect_garbage)
-            hooks.append(lambda step: self._stop_if_agreed(stop, step))
-            yield hooks
-
-    def _save_if_due(self, step: int) -> None:
-        if self.checkpointer.should_save(step):
-            self._timed_save(step)
-
-    def _collect_garbage(self, step: int) -> None:
-        # Automatic gc is off during training: its pauses would land on random ranks at random
-        # steps and stall the collectives; here every rank pauses at the same step.
-        if step % self.job.training.gc_freq == 0:
-            gc.collect(1)
-
-    def _timed_save(self, step: int, **kwargs) -> None:
-        with self.clock.span("checkpoint"):
-            self.checkpointer.save(step, **kwargs)
-        self.last_saved_step = step
-
-    def _stop_if_agreed(self, stop: StopRequest, step: int) -> None:
-        """Every rank calls this at the same step. On an agreed signal: finish any background
-        save, then save this step synchronously (the job may be killed soon after), unless it
-        was just saved or training is over anyway."""
-        signum = stop.agreed()
-        if not signum or step >= self.job.training.steps:
-            return
-        self.preempted = signum
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        if not self.job.checkpoint.enable_checkpoint:
-            self.stop_message = (
-                f"{name}: stopped after step {step} WITHOUT a checkpoint "
-                "(checkpoint.enable_checkpoint is off): a restart begins at step 0"
-            )
-            logger.warning(self.stop_message)
-            return
-        with self.clock.span("checkpoint"):
-            self.checkpointer.wait()
-        if self.last_saved_step != step:
-            self._timed_save(step, force_sync=True)
-        self.stop_message = (
-            f"{name}: stopped after step {step}; checkpoint "
-            f"{self.checkpointer.folder / f'step-{step}'} is complete"
-        )
-        logger.info(self.stop_message)
+                callbacks.post_step(state.step)
+            stop.restore()
+            self.preempted, self.stop_message = preemption.signum, preemption.message
+            if not self.preempted:
+                logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
+            callbacks.post_train()
+        finally:
+            callbacks.close()
+        return metrics.records
 
     def close(self) -> None:
         self.checkpointer.close()
         self.metrics.close()
-        gc.enable()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class StepHooks(list[StepHook]):
-    """The ordered step-end hooks, and the OOM guard that dumps a memory snapshot."""
-
-    def __init__(self, snapshots) -> None:
-        super().__init__()
-        self.snapshots = snapshots
-
-    def oom_snapshot(self, step: int) -> contextlib.AbstractContextManager:
-        return oom_snapshot(self.snapshots, step)
 
 
 def last_logged_step(dump_folder: Path) -> int:

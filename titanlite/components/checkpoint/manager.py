@@ -169,15 +169,12 @@ class CheckpointManager:
         lr_scheduler: Any,
         dataloader: Any,
         train_state: Stateful,
-        config_hash: str,
         total_steps: int,
         model_config: dict[str, Any] | None = None,
-        model_args: Any = None,
     ):
-        self.cfg, self.total_steps, self.config_hash = cfg, total_steps, config_hash
+        self.cfg, self.total_steps = cfg, total_steps
         # What the manifest records about the model (model_config_record).
         self.model_config = model_config
-        self.model_args = model_args  # what an initial load from Hugging Face must match
         self.folder = Path(dump_folder) / cfg.folder
         self.model = model
         self.states: dict[str, Any] = {
@@ -225,10 +222,7 @@ class CheckpointManager:
         if point is None:
             return False
         if point.step is None and self.cfg.initial_load_in_hf:
-            from titanlite.components.checkpoint.hf_training import load_hf_weights
-
-            load_hf_weights(self.model, point.path, self.model_args)
-            return True
+            return False  # a Hugging Face folder: the trainer's HFInitialLoad reads it
         if point.step is None:
             self._load(
                 point.path, ["model"] if self.cfg.initial_load_model_weights_only else list(KEYS)
@@ -313,8 +307,11 @@ class CheckpointManager:
         first = step == 1 and self.cfg.enable_first_step_checkpoint
         return first or step % self.cfg.interval == 0 or step == self.total_steps
 
-    def save(self, step: int, *, force_sync: bool = False, weights_only: bool = False) -> None:
-        """Save at `step`; async modes return once the state is staged in host memory."""
+    def save(
+        self, step: int, *, config_hash: str, force_sync: bool = False, weights_only: bool = False
+    ) -> None:
+        """Save at `step`, its manifest recording `config_hash` (the hash of the config that
+        runs); async modes return once the state is staged in host memory."""
         last = step == self.total_steps
         weights_only = (
             weights_only
@@ -344,7 +341,7 @@ class CheckpointManager:
         info = {
             "step": step,
             "keys": list(states),
-            "config_hash": self.config_hash,
+            "config_hash": config_hash,
             "torch_version": torch.__version__,
             "titanlite_version": titanlite_version(),
             "world_size": dist.get_world_size(),
@@ -472,15 +469,6 @@ class CheckpointManager:
         if self.cfg.on_save_error == "stop":
             raise error
         logger.warning(f"{error}; training continues (checkpoint.on_save_error = continue)")
-
-    def export_hf(self, step: int) -> Path:
-        """checkpoint.last_save_in_hf: the saved `step` as a Hugging Face folder."""
-        from titanlite.components.checkpoint.hf_training import export_hf
-
-        self.wait()
-        dst = self.folder / f"hf-step-{step}"
-        export_hf(step_dir(self.folder, step), dst, DTYPES[self.cfg.export_dtype], self.pg)
-        return dst
 
     def close(self) -> None:
         self.wait()

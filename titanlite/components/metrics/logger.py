@@ -129,9 +129,11 @@ class MetricsLogger:
         config_text: str = "",
         tb_dir: Path | None = None,
         clock: Clock | None = None,
+        pp_group: dist.ProcessGroup | None = None,
     ):
+        """`pp_group`: the pipeline stages' group under pipeline parallel (a peak per stage)."""
         self.cfg, self.device, self.start_step = cfg, device, start_step
-        self.pp_group: dist.ProcessGroup | None = None  # set by the trainer under pipeline parallel
+        self.pp_group = pp_group
         self.flops_per_token, self.total_steps = flops_per_token, total_steps
         self.tokens_per_step = tokens_per_step_per_device
         self.peak = peak_flops(device, cfg.peak_flops)

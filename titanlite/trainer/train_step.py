@@ -1,0 +1,122 @@
+"""One optimizer step: zero_grad, forward and backward per accumulation micro-batch, clip, the
+non-finite guard, optimizer and LR step. `TrainStep` runs the model itself; `PipelineTrainStep`
+runs each micro-batch through the pipeline schedule (`PipelineStep`). The trainer picks one when
+it builds and the loop calls whichever it got.
+
+Every counted target of the global batch weighs 1 / (their global number). Gradients are
+averaged over the ranks holding different tokens (FSDP over dp_shard x cp, DDP), hence the
+factor `loss_ranks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import NamedTuple, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from parallelisms import loss_context
+from parallelisms.context_parallel import SequenceShards
+from titanlite.build.assemble import IGNORE_INDEX, LocalBatch, local_batch, model_kwargs
+from titanlite.components.nonfinite import NonFiniteGuard
+from titanlite.components.optim import clip_grad_norm_
+from titanlite.trainer.pipeline_step import PipelineStep
+
+Microbatch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepOutput(NamedTuple):
+    loss: torch.Tensor  # this rank's share: the mean over data-parallel ranks is the step's loss
+    grad_norm: torch.Tensor
+    lr: float  # the LR the step used
+
+
+class TrainStep:
+    pp_group: dist.ProcessGroup | None = None  # the stages' group, for clipping and metrics
+    # Validation's forward (inputs, labels, tokens) -> loss sum; None: the model's own.
+    eval_loss: Callable[..., torch.Tensor] | None = None
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler,
+        loss_fn: LossFn,
+        *,
+        step: Callable[[], int],
+        device: torch.device,
+        amp: contextlib.AbstractContextManager,
+        loss_parallel: bool,
+        sequence_shards: SequenceShards | None,
+        loss_ranks: int,
+        global_sum: Callable[[torch.Tensor], torch.Tensor],
+        max_norm: float,
+        nonfinite: NonFiniteGuard,
+        sync_last_microbatch_only: bool = False,
+    ):
+        """`step()`: the step being trained (for the non-finite guard's messages);
+        `sync_last_microbatch_only`: FSDP reduce-scatters once per step, after the last
+        micro-batch, instead of once per micro-batch (for more memory)."""
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.loss_fn, self.step, self.device, self.amp = loss_fn, step, device, amp
+        self.loss_parallel, self.sequence_shards = loss_parallel, sequence_shards
+        self.loss_ranks, self.global_sum = loss_ranks, global_sum
+        self.max_norm, self.nonfinite = max_norm, nonfinite
+        self.sync_last_microbatch_only = sync_last_microbatch_only
+        self.params = [q for q in model.parameters() if q.requires_grad]
+
+    def __call__(self, microbatches: list[Microbatch]) -> StepOutput:
+        self.optimizer.zero_grad(set_to_none=True)
+        batches = [local_batch(self.sequence_shards, x, y) for x, y in microbatches]
+        counted = sum((labels != IGNORE_INDEX).sum() for *_, labels in batches)
+        global_counted = max(int(self.global_sum(torch.as_tensor(counted))), 1)
+        scale = self.loss_ranks / global_counted
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            loss_sum += self.forward_backward(batch, scale, last=i == len(batches) - 1)
+        loss_sum = self.share_loss(loss_sum)
+        grad_norm = clip_grad_norm_(self.params, self.max_norm, pp_group=self.pp_group)
+        lr = float(self.lr_scheduler.get_last_lr()[0])
+        if self.nonfinite.allow_update(self.step(), grad_norm):
+            self.optimizer.step()
+            self.lr_scheduler.step()
+        return StepOutput(loss_sum, grad_norm, lr)
+
+    def forward_backward(self, batch: LocalBatch, scale: float, last: bool) -> torch.Tensor:
+        """One accumulation micro-batch; its scaled loss, detached."""
+        inputs, tokens, labels = batch
+        if self.sync_last_microbatch_only:
+            cast(FSDPModule, self.model).set_requires_gradient_sync(last)
+        with loss_context(self.loss_parallel):
+            with self.amp:
+                logits = self.model(inputs, **model_kwargs(tokens))
+                loss = self.loss_fn(logits, labels) * scale
+            loss.backward()
+        return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
+
+    def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+
+class PipelineTrainStep(TrainStep):
+    """The same step with each micro-batch through this rank's pipeline stages."""
+
+    def __init__(self, pipeline: PipelineStep, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pipeline = pipeline
+        self.pp_group = pipeline.pp_group
+        self.eval_loss = pipeline.evaluate
+
+    def forward_backward(self, batch: LocalBatch, scale: float, last: bool) -> torch.Tensor:
+        inputs, tokens, labels = batch
+        with loss_context(self.loss_parallel), self.amp:
+            return self.pipeline(inputs, labels, scale, tokens)
+
+    def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.pipeline.share_loss(loss)
