@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from models.llama import FLAVORS, LlamaArgs
-from titanlite.build.assemble import cross_entropy_sum, ignore_boundary_targets
+from titanlite.components.loss import cross_entropy_sum, ignore_boundary_targets
 from titanlite.config.loader import load
 from titanlite.data import Tokenizer, resolve_tokenizer_path
 from titanlite.families import get_family, model_args

@@ -36,7 +36,7 @@ def _measure(rank: int, cp: int, port: int, seq: int, batch: int, mask: str, out
 
     from models.llama import FLAVORS, Transformer
     from parallelisms.context_parallel import SequenceShards, apply_cp
-    from titanlite.build.assemble import local_batch, model_kwargs
+    from titanlite.components.loss import local_batch, model_kwargs
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -63,7 +63,7 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
     import torch
 
     from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
-    from titanlite.build.assemble import cross_entropy_loss
+    from titanlite.components.loss import cross_entropy_loss
     from titanlite.components.optim import build_optimizer, clip_grad_norm_
     from titanlite.families import get_family
     from titanlite.preflight import checks as preflight

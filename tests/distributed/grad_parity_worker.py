@@ -70,7 +70,7 @@ def reference_grads(float8: bool, splits: int = 1) -> dict[str, torch.Tensor]:
     the same float8 model on the same parts (for fp32 this changes nothing)."""
     from models.llama import Transformer
     from parallelisms.float8 import convert_to_float8
-    from titanlite.build.assemble import cross_entropy_loss
+    from titanlite.components.loss import cross_entropy_loss
 
     args = _model_args()
     with torch.device("meta"):
@@ -89,7 +89,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     from models.llama import Transformer
     from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
     from parallelisms.context_parallel import SequenceShards
-    from titanlite.build.assemble import cross_entropy_loss, local_batch, model_kwargs
+    from titanlite.components.loss import cross_entropy_loss, local_batch, model_kwargs
 
     args = _model_args()
     dims = ParallelDims.resolve(
@@ -154,7 +154,7 @@ def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, wind
         stage_ids,
         stage_models,
     )
-    from titanlite.build.assemble import cross_entropy_sum
+    from titanlite.components.loss import cross_entropy_sum
 
     pipe = PipelineOptions(schedule)
     n_layers = len(model.layers)

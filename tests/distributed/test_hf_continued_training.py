@@ -10,9 +10,9 @@ import torch
 from helpers import CHECKPOINTED_RUN, losses_by_step, make_hf_llama, train
 from helpers import LAYOUTS as ALL_LAYOUTS
 
-from titanlite.build.assemble import cross_entropy_loss
 from titanlite.components.checkpoint import hf as hf_checkpoint
 from titanlite.components.checkpoint.storage import load_full_state_dict, read_manifest
+from titanlite.components.loss import cross_entropy_loss
 from titanlite.data import Tokenizer, build_dataloader
 from titanlite.preflight import checks as preflight
 

@@ -18,118 +18,24 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models import ModelArgs, TrainableModel
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions
 from parallelisms.context_parallel import SequenceShards
-from parallelisms.float8 import ConversionPlan, Float8Options, register_scale_precompute
+from parallelisms.float8 import ConversionPlan, register_scale_precompute
 from parallelisms.pipeline import (
     ModelParts,
-    PipelineOptions,
     describe,
     num_stages,
     split_layers,
     stage_ids,
 )
+from titanlite.build.options import parallelize_options, pipeline_options
 from titanlite.components import optim
+from titanlite.components.loss import cross_entropy_sum
 from titanlite.config.schema import JobConfig
-from titanlite.core.dtypes import DTYPES
 from titanlite.families import ModelFamily, get_family
-
-
-def float8_options(job: JobConfig, *, fsdp_enabled: bool, device_type: str) -> Float8Options | None:
-    """The [float8] section as parallelisms' options; None when float8 is off."""
-    if "float8" not in job.model.converters:
-        return None
-    f = job.float8
-    # Like TorchTitan: without FSDP there is no weight all-gather to do in float8.
-    all_gather = f.enable_fsdp_float8_all_gather and fsdp_enabled
-    return Float8Options(
-        recipe=f.recipe_name,
-        emulate=f.emulate,
-        filter_fqns=tuple(f.filter_fqns),
-        fsdp_float8_all_gather=all_gather,
-        precompute_scale=all_gather and f.precompute_float8_dynamic_scale_for_fsdp,
-        force_recompute_weight_in_bwd=f.force_recompute_fp8_weight_in_bwd,
-        float8_collectives=device_type == "cuda",
-    )
-
-
-def parallelize_options(job: JobConfig, dims: ParallelDims, device_type: str) -> ParallelizeOptions:
-    t, p, ac = job.training, job.parallelism, job.activation_checkpoint
-    return ParallelizeOptions(
-        loss_parallel=dims.tp_enabled and not p.disable_loss_parallel,
-        async_tp=p.enable_async_tensor_parallel,
-        ac_mode=ac.mode,
-        ac_option=ac.selective_ac_option,
-        ac_memory_budget=ac.memory_budget,
-        compile=t.compile,
-        param_dtype=DTYPES[t.mixed_precision_param],
-        reduce_dtype=DTYPES[t.mixed_precision_reduce],
-        reshard_after_forward=p.fsdp_reshard_after_forward,
-        cpu_offload=t.enable_cpu_offload,
-        float8=float8_options(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type),
-    )
-
-
-def pipeline_options(job: JobConfig) -> PipelineOptions:
-    p = job.parallelism
-    return PipelineOptions(
-        schedule=p.pipeline_parallel_schedule,
-        schedule_csv=p.pipeline_parallel_schedule_csv,
-        microbatch_size=p.pipeline_parallel_microbatch_size,
-        layers_per_stage=p.pipeline_parallel_layers_per_stage,
-        first_stage_less_layers=p.pipeline_parallel_first_stage_less_layers,
-        last_stage_less_layers=p.pipeline_parallel_last_stage_less_layers,
-    )
-
-
-IGNORE_INDEX = -100  # a label that gets no loss (cross_entropy's default ignore_index)
-
-
-def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed over the counted targets: the trainer divides by the count over every data-parallel
-    rank and micro-batch, so that each counted token weighs the same however the global batch
-    is split (a mean per micro-batch would weigh tokens by how few others their micro-batch
-    counts). Works on vocab-sharded DTensor logits under loss parallel too."""
-    # In float32 whatever the compute dtype: a bf16 log-softmax over 128K classes loses bits.
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
-
-
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The mean over the counted targets of one batch (tools and tests; the trainer sums)."""
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX
-    )
-
-
-def ignore_boundary_targets(labels: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """Labels with the first token of each document ignored: predicting it would mean predicting
-    across the boundary from the previous document, which block_causal attention cannot see.
-    Documents are framed BOS ... EOS by both readers, so these are the targets after each EOS."""
-    return labels.masked_fill(labels == bos_id, IGNORE_INDEX)
-
-
-LocalBatch = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
-
-
-def local_batch(
-    shards: SequenceShards | None, inputs: torch.Tensor, labels: torch.Tensor
-) -> LocalBatch:
-    """(model input, the window for the model's `tokens=`, labels) of this rank: under context
-    parallel its part of each sequence, with the whole window for the mask and positions."""
-    if shards is None:
-        return inputs, None, labels
-    return shards.shard(inputs), inputs, shards.shard(labels)
-
-
-def model_kwargs(tokens: torch.Tensor | None) -> dict:
-    """The model's `tokens=` when its input is a part of the window (context parallel)."""
-    return {} if tokens is None else {"tokens": tokens}
 
 
 def build_loss_fn(job: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

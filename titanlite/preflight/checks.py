@@ -185,7 +185,7 @@ def check_profiling(job: JobConfig) -> None:
 def check_pipeline_job(job: JobConfig, dims, n_layers: int) -> None:
     from parallelisms.parallel_dims import LayoutError
     from parallelisms.pipeline import check_pipeline
-    from titanlite.build.assemble import pipeline_options
+    from titanlite.build.options import pipeline_options
 
     check_pipeline(dims.pp, n_layers, job.training.local_batch_size, pipeline_options(job))
     if dims.ddp_enabled:

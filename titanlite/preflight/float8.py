@@ -23,7 +23,7 @@ def check(job: JobConfig, *, fsdp_enabled: bool, device_type: str, planning: boo
     """Raise LayoutError for a float8 setup this machine cannot run. A dry run (`planning`)
     targets another machine, so the local GPU's generation is not checked."""
     from parallelisms.float8 import check_float8
-    from titanlite.build.assemble import float8_options
+    from titanlite.build.options import float8_options
 
     opts = float8_options(job, fsdp_enabled=fsdp_enabled, device_type=device_type)
     if opts is None:

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from parallelisms import loss_context
 from parallelisms.context_parallel import SequenceShards
-from titanlite.build.assemble import IGNORE_INDEX, LocalBatch, local_batch, model_kwargs
+from titanlite.components.loss import IGNORE_INDEX, LocalBatch, local_batch, model_kwargs
 from titanlite.components.nonfinite import NonFiniteGuard
 from titanlite.components.optim import clip_grad_norm_
 from titanlite.trainer.pipeline_step import PipelineStep

@@ -22,9 +22,11 @@ import torch
 import torch.distributed as dist
 
 from titanlite.build import assemble as build
+from titanlite.build.options import pipeline_options
 from titanlite.components.checkpoint.manager import CheckpointManager
 from titanlite.components.checkpoint.record import config_hash, model_config_record
 from titanlite.components.clock import Clock
+from titanlite.components.loss import ignore_boundary_targets
 from titanlite.components.metrics.file import FILE as METRICS_FILE
 from titanlite.components.metrics.file import read_metrics
 from titanlite.components.metrics.logger import MetricsLogger, tb_run_dir
@@ -188,7 +190,7 @@ class Trainer:
             self.device,
             job.training.local_batch_size,
             self.loss_fn,
-            build.pipeline_options(job),
+            pipeline_options(job),
         )
         return PipelineTrainStep(pipeline, *args, **kwargs)
 
@@ -287,7 +289,7 @@ class Trainer:
             batches = []
             for x, y in (next(data_iter) for _ in range(self.grad_accum_steps)):
                 if self.boundary_bos_id is not None:
-                    y = build.ignore_boundary_targets(y, self.boundary_bos_id)
+                    y = ignore_boundary_targets(y, self.boundary_bos_id)
                 batches.append(
                     (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
                 )

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from parallelisms import loss_context
 from parallelisms.context_parallel import SequenceShards
-from titanlite.build.assemble import (
+from titanlite.components.loss import (
     IGNORE_INDEX,
     ignore_boundary_targets,
     local_batch,

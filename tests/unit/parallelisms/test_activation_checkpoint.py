@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.llama import Transformer
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions
 from parallelisms.llama.parallelize import parallelize_llama
-from titanlite.build.assemble import cross_entropy_sum
+from titanlite.components.loss import cross_entropy_sum
 from titanlite.planning.activation_memory import estimate_activations
 
 ARGS = tiny_llama_args(attn_mask_type="causal")

@@ -23,14 +23,10 @@ DCP reader, as for every DCP load.)
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import os
 import shutil
-import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,6 +38,13 @@ from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
 from models.spec import HFAdapter, HFConfigError
 from titanlite.components.checkpoint import record as run_record
+from titanlite.components.checkpoint.safetensors import (
+    Entry,
+    SafetensorsWriter,
+    nbytes,
+    read_safetensors_header,
+    read_tensor,
+)
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
     SafeFileSystemReader,
@@ -60,136 +63,6 @@ from titanlite.families import (
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # as transformers' save_pretrained
 Report = Callable[[str], None]
-
-_ST_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-}
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
-_MAX_HEADER = 100 * 2**20
-
-
-# ---------------------------------------------------------------------------------------------
-# safetensors, streamed
-
-
-@dataclass(frozen=True)
-class _Entry:
-    file: Path
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int  # absolute byte offsets in the file
-    end: int
-
-
-def _nbytes(shape: Iterable[int], dtype: torch.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize
-
-
-def read_safetensors_header(path: Path) -> dict[str, _Entry]:
-    """The tensors of a safetensors file, checked: known dtypes, sizes that match the shapes,
-    byte ranges that tile the file exactly."""
-
-    def bad(why: str) -> CheckpointError:
-        return CheckpointError(f"{path}: not a valid safetensors file ({why})")
-
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise bad("shorter than its header")
-        (n,) = struct.unpack("<Q", raw)
-        if n > _MAX_HEADER or 8 + n > size:
-            raise bad(f"header length {n} for a file of {size} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise bad(f"header is not JSON: {e}") from None
-    entries, base = {}, 8 + n
-    for name, record in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape = _ST_NAMES[record["dtype"]], tuple(record["shape"])
-            start, end = record["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise bad(f"tensor {name}: unreadable entry {record}") from None
-        if end - start != _nbytes(shape, dtype):
-            raise bad(
-                f"tensor {name}: {end - start} bytes for shape {list(shape)} {record['dtype']}"
-            )
-        entries[name] = _Entry(path, dtype, shape, base + start, base + end)
-    pos = base
-    for name, entry in sorted(entries.items(), key=lambda kv: kv[1].start):
-        if entry.start != pos:
-            raise bad(f"tensor {name} starts at byte {entry.start}, expected {pos}")
-        pos = entry.end
-    if pos != size:
-        raise bad(f"data ends at byte {pos}, the file has {size} (truncated?)")
-    return entries
-
-
-def _read_tensor(f: BinaryIO, e: _Entry) -> torch.Tensor:
-    buf = torch.empty(e.end - e.start, dtype=torch.uint8)
-    f.seek(e.start)
-    if f.readinto(memoryview(buf.numpy())) != e.end - e.start:  # type: ignore[attr-defined,arg-type]
-        raise CheckpointError(f"{e.file}: truncated")
-    return buf.view(e.dtype).reshape(e.shape)
-
-
-def read_rows(f: BinaryIO, e: _Entry, start: int, stop: int) -> torch.Tensor:
-    """Rows [start, stop) of a tensor's first dimension: one contiguous byte range."""
-    row = _nbytes(e.shape[1:], e.dtype)
-    part = _Entry(e.file, e.dtype, (stop - start, *e.shape[1:]), e.start + start * row, 0)
-    return _read_tensor(f, dataclasses.replace(part, end=part.start + (stop - start) * row))
-
-
-class _SafetensorsWriter:
-    """Writes the header for `entries` (name, shape, dtype) at once, then each tensor in turn."""
-
-    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]):
-        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for name, shape, dtype in entries:
-            n = _nbytes(shape, dtype)
-            header[name] = {
-                "dtype": _ST_DTYPES[dtype],
-                "shape": list(shape),
-                "data_offsets": [offset, offset + n],
-            }
-            offset += n
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-        self.path, self.pending = path, list(entries)
-        self.f = path.open("xb")
-        self.f.write(struct.pack("<Q", len(raw)) + raw)
-
-    def write(self, name: str, t: torch.Tensor) -> None:
-        want = self.pending.pop(0)
-        if (name, tuple(t.shape), t.dtype) != want:
-            raise AssertionError(
-                f"{self.path}: got {name} {tuple(t.shape)} {t.dtype}, expected {want}"
-            )
-        # A view, not a copy: tensors can be GBs. (numpy's stubs omit the buffer protocol.)
-        self.f.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        if self.pending:
-            raise AssertionError(f"{self.path}: {len(self.pending)} tensors never written")
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-
 
 # ---------------------------------------------------------------------------------------------
 # shared pieces
@@ -395,7 +268,7 @@ def _shards(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_bytes: 
     shards: list[list] = [[]]
     size = 0
     for e in entries:
-        n = _nbytes(e[1], e[2])
+        n = nbytes(e[1], e[2])
         if shards[-1] and size + n > max_bytes:
             shards.append([])
             size = 0
@@ -510,14 +383,14 @@ def _write_safetensors(
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    total = sum(_nbytes(s, d) for _, s, d in entries)
+    total = sum(nbytes(s, d) for _, s, d in entries)
     progress = _Progress(len(entries), total, report)
     for name, shard in zip(names, shards):
-        writer = _SafetensorsWriter(folder / name, shard)
+        writer = SafetensorsWriter(folder / name, shard)
         for hf_name, shape, d in shard:
             t = convert(keys[hf_name]).to(d)
             writer.write(hf_name, t)
-            progress.tick(hf_name, _nbytes(shape, d))
+            progress.tick(hf_name, nbytes(shape, d))
             del t
         writer.close()
     if len(shards) > 1:
@@ -532,7 +405,7 @@ def _write_safetensors(
 # HF -> DCP
 
 
-def _hf_tensors(src: Path) -> dict[str, _Entry]:
+def _hf_tensors(src: Path) -> dict[str, Entry]:
     """name -> where it lies, over model.safetensors or the shards of its index."""
     index_path = src / "model.safetensors.index.json"
     if index_path.is_file():
@@ -551,7 +424,7 @@ def _hf_tensors(src: Path) -> dict[str, _Entry]:
         )
     else:
         raise CheckpointError(f"{src} has no model.safetensors (nor an index of shards)")
-    out: dict[str, _Entry] = {}
+    out: dict[str, Entry] = {}
     for name in files:
         path = src / name
         if not path.is_file():
@@ -648,7 +521,7 @@ def hf_to_dcp(
     out_dtype = {k: dtype or tensors[source[k]].dtype for k in shapes}
     placeholders = {k: torch.empty((), dtype=out_dtype[k]).expand(s) for k, s in shapes.items()}
     progress = _Progress(
-        len(shapes), sum(_nbytes(s, out_dtype[k]) for k, s in shapes.items()), report
+        len(shapes), sum(nbytes(s, out_dtype[k]) for k, s in shapes.items()), report
     )
     files: dict[Path, BinaryIO] = {}
 
@@ -657,7 +530,7 @@ def hf_to_dcp(
         entry = tensors[source[key]]
         if entry.file not in files:
             files[entry.file] = entry.file.open("rb")
-        t = folder.hf.from_hf_tensor(key, _read_tensor(files[entry.file], entry), args)
+        t = folder.hf.from_hf_tensor(key, read_tensor(files[entry.file], entry), args)
         t = t.to(out_dtype[key]).contiguous()
         progress.tick(key, t.nbytes)
         return t

@@ -12,7 +12,6 @@ change of data-parallel degree.
 from __future__ import annotations
 
 import errno
-import re
 import shutil
 import threading
 import time
@@ -24,17 +23,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from titanlite.components.checkpoint.record import model_differences, titanlite_version
 from titanlite.components.checkpoint.resume import resume_point
+from titanlite.components.checkpoint.states import (
+    KEYS,
+    ModelState,
+    OptimizerState,
+    RNGState,
+    optimizer_saved_flattened,
+)
 from titanlite.components.checkpoint.storage import (
     CheckpointError,
     ChecksummingWriter,
@@ -97,65 +96,6 @@ def describe_save_error(error: BaseException, folder: Path) -> str:
                 return "no space left on device"
             return f"{e.strerror or e}".lower() + (f": {e.filename}" if e.filename else "")
     return f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
-
-
-KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
-
-
-class ModelState(Stateful):
-    def __init__(self, model: nn.Module, export_dtype: torch.dtype | None = None):
-        self.model, self.export_dtype = model, export_dtype
-
-    def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = get_model_state_dict(self.model)
-        if self.export_dtype is not None:
-            sd = {k: v.to(self.export_dtype) for k, v in sd.items()}
-        return sd
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state, options=StateDictOptions(strict=True))
-
-
-class OptimizerState(Stateful):
-    """Flattened: every hyperparameter is keyed by its parameter's name
-    ("param_groups.<fqn>.lr"), not kept in one `param_groups` list. DCP keeps one copy of each
-    key, so a list would be the list of one rank; pipeline stages hold different parameters,
-    and the other stages' groups would be lost. `flatten = False` reads checkpoints written
-    before (non-pipeline layouts only)."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
-        self.flatten = True
-
-    def state_dict(self) -> dict[str, Any]:
-        options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
-
-
-def optimizer_saved_flattened(saved_keys: Any) -> bool:
-    """Whether a checkpoint's optimizer state is in the flattened form (titanlite's since
-    pipeline parallel) rather than as `param_groups` lists, each naming its parameters (which DCP
-    stores as "optimizer.param_groups.<group index>.params")."""
-    return not any(re.fullmatch(r"optimizer\.param_groups\.\d+\.params", k) for k in saved_keys)
-
-
-class RNGState(Stateful):
-    """Every rank seeds alike, so rank 0's generator state stands for all (DCP dedups it)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["cpu"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["cuda"])
 
 
 class CheckpointManager:

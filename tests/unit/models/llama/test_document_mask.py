@@ -12,7 +12,7 @@ from helpers import DOC_BOS, DOC_EOS, document_model, document_model_args
 
 import models.llama.model as llama_model
 from models.llama.model import block_causal_block_mask, block_causal_mask, document_ids
-from titanlite.build.assemble import (
+from titanlite.components.loss import (
     IGNORE_INDEX,
     cross_entropy_loss,
     cross_entropy_sum,

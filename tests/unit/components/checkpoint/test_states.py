@@ -6,7 +6,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from titanlite.components.checkpoint.manager import OptimizerState, optimizer_saved_flattened
+from titanlite.components.checkpoint.states import OptimizerState, optimizer_saved_flattened
 from titanlite.components.checkpoint.storage import read_metadata
 
 
