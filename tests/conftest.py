@@ -6,6 +6,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+# Each top folder of tests/ is a tier: `./run_tests.sh -m unit` (or multirank, launcher,
+# cluster) runs one of them.
+TIERS = {"unit": "unit", "distributed": "multirank", "e2e": "launcher", "slurm": "cluster"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        folder = Path(item.fspath).resolve().relative_to(ROOT / "tests").parts[0]
+        item.add_marker(TIERS[folder])
+
 
 @pytest.fixture(scope="session")
 def two_rank_reference(tmp_path_factory) -> dict[int, float]:
