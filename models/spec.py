@@ -17,6 +17,12 @@ class ModelArgs(Protocol):
     def n_layers(self) -> int: ...  # the pipeline splits blocks over stages
 
     @property
+    def vocab_size(self) -> int: ...  # the embedding's and the output's rows (from the tokenizer)
+
+    @property
+    def max_seq_len(self) -> int: ...  # the longest sequence the positions cover
+
+    @property
     def bos_id(self) -> int: ...  # the token that starts a document (block_causal's masks)
 
     @property
