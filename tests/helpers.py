@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -193,6 +195,39 @@ def in_pairs(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
     with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(run_train, a, **env) for name, (a, env) in cases.items()}
         return {name: f.result() for name, f in futures.items()}
+
+
+def preflight(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """What ./run_train.sh's preflight step answers to ONE_STEP + `args`, run in this process:
+    the same command line (`--config` among the arguments, else the debug preset) with NGPU (1
+    unless given) as the world size. Its exit code and what it printed, as run_train.sh would
+    show them; an exception (a traceback there) propagates."""
+    from titanlite.preflight import checks
+
+    args = [*ONE_STEP, *args]
+    config = str(DEBUG_CONFIG)
+    if "--config" in args:
+        i = args.index("--config")
+        config, args = args[i + 1], args[:i] + args[i + 2 :]
+    ngpu = env.get("NGPU", "1")
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "NGPU")}
+    os.environ.update(WORLD_SIZE=ngpu, NGPU=ngpu)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = checks.main(["--config", config, *args])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def preflight_cases(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
+    """{name: (args, env)} through `preflight`, one after the other."""
+    return {name: preflight(a, **env) for name, (a, env) in cases.items()}
 
 
 def last_line(proc: subprocess.CompletedProcess) -> str:

@@ -1,6 +1,8 @@
 """Failure handling through the real entry points (issue 14, sections 1, 3, 4, 5): every case is
-one line, the right exit code, and nothing lost. Preflight cases stop before torchrun, so they
-are cheap and run two at a time; the cases only a rank can see go through titanlite.launch."""
+one line, the right exit code, and nothing lost. Cases that only the preflight step decides run it
+in this process (helpers.preflight: run_train.sh's command line, without starting a shell and a
+Python for each); those the shell script reads (NGPU), the checkpoint and data cases and the
+cases only a rank can see go through run_train.sh, two at a time, and titanlite.launch."""
 
 import json
 import os
@@ -19,6 +21,7 @@ from helpers import (
     clean_env,
     expect_one_line,
     in_pairs,
+    preflight_cases,
     run_train,
     save_hf_dataset,
 )
@@ -252,7 +255,10 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
             {},
         ),
     }
-    got = in_pairs(cases)
+    # NGPU is read by the shell script: those two go through run_train.sh, the rest (what the
+    # preflight step decides) in this process.
+    shell = {k: cases.pop(k) for k in ("ngpu_abc", "ngpu_0")}
+    got = {**preflight_cases(cases), **in_pairs(shell)}
     expect_one_line(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
     expect_one_line(got["ckpt_is_file"], 2, "checkpoint.folder:", "is an existing file")
     expect_one_line(got["unwritable"], 2, "job.dump_folder: cannot write to /proc/titanlite-cannot")
@@ -388,7 +394,7 @@ def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
     }
     for _, env in cases.values():
         env.setdefault("NGPU", "2")
-    got = in_pairs(cases)
+    got = preflight_cases(cases)
     expect_one_line(got["schedule"], 2, "'2F2B' is not a schedule of torch.distributed.pipelining")
     expect_one_line(
         got["few_microbatches"], 2, "needs at least as many micro-batches as stages (4)"
@@ -418,7 +424,7 @@ def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
     }
     for _, env in cases.values():
         env.setdefault("NGPU", "2")
-    got = in_pairs(cases)
+    got = preflight_cases(cases)
     expect_one_line(
         got["seq_len"], 2, "training.seq_len = 90 is not divisible by 2 x context_parallel"
     )

@@ -1,8 +1,8 @@
-"""Hugging Face start options that cannot work stop in preflight through ./run_train.sh: one
-line, exit 2, before torchrun."""
+"""Hugging Face start options that cannot work stop in preflight: one line, exit 2, before
+torchrun (the preflight step of ./run_train.sh, run in process: helpers.preflight)."""
 
 import pytest
-from helpers import expect_one_line, in_pairs, make_hf_llama
+from helpers import expect_one_line, make_hf_llama, preflight_cases
 
 pytest.importorskip("transformers")
 
@@ -19,7 +19,7 @@ def test_hf_initial_load_mistakes_stop_in_preflight(tmp_path):
         ]
         return ([*dump, "--checkpoint.initial_load_in_hf", *extra], {})
 
-    got = in_pairs(
+    got = preflight_cases(
         {
             "not_hf": args("not_hf", "--checkpoint.initial_load_path", str(tmp_path / "not_hf")),
             "other_shape": args(
