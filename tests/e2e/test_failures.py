@@ -255,10 +255,8 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
             {},
         ),
     }
-    # NGPU is read by the shell script: those two go through run_train.sh, the rest (what the
-    # preflight step decides) in this process.
-    shell = {k: cases.pop(k) for k in ("ngpu_abc", "ngpu_0")}
-    got = {**preflight_cases(cases), **in_pairs(shell)}
+    # NGPU is read by the shell script: those two go through run_train.sh.
+    got = preflight_cases(cases, shell=("ngpu_abc", "ngpu_0"))
     expect_one_line(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
     expect_one_line(got["ckpt_is_file"], 2, "checkpoint.folder:", "is an existing file")
     expect_one_line(got["unwritable"], 2, "job.dump_folder: cannot write to /proc/titanlite-cannot")
@@ -394,7 +392,7 @@ def test_impossible_pipeline_layouts_stop_before_launch(tmp_path):
     }
     for _, env in cases.values():
         env.setdefault("NGPU", "2")
-    got = preflight_cases(cases)
+    got = preflight_cases(cases, shell=("world",))
     expect_one_line(got["schedule"], 2, "'2F2B' is not a schedule of torch.distributed.pipelining")
     expect_one_line(
         got["few_microbatches"], 2, "needs at least as many micro-batches as stages (4)"
@@ -424,7 +422,7 @@ def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
     }
     for _, env in cases.values():
         env.setdefault("NGPU", "2")
-    got = preflight_cases(cases)
+    got = preflight_cases(cases, shell=("seq_len",))
     expect_one_line(
         got["seq_len"], 2, "training.seq_len = 90 is not divisible by 2 x context_parallel"
     )

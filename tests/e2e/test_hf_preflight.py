@@ -26,7 +26,8 @@ def test_hf_initial_load_mistakes_stop_in_preflight(tmp_path):
                 "other_shape", "--checkpoint.initial_load_path", str(hf), "--model.dim", "128"
             ),
             "no_path": args("no_path"),
-        }
+        },
+        shell=("no_path",),
     )
     expect_one_line(got["not_hf"], 2, "titanlite: error:", "has no config.json: not a Hugging Face")
     expect_one_line(got["other_shape"], 2, "holds another model", "dim 256 (config.json) vs 128")
