@@ -178,6 +178,42 @@ def train(
     return check(proc) if expect_ok else proc
 
 
+class TrainerJobs:
+    """Training jobs of one world size, run one after another in one process group
+    (tests/distributed/trainer_jobs_worker.py): add() each, run() once, then result(name)."""
+
+    def __init__(self, nproc: int, folder: Path) -> None:
+        self.nproc, self.folder = nproc, folder
+        self.jobs: dict[str, dict] = {}
+        self.proc: subprocess.CompletedProcess | None = None
+
+    def add(self, name: str, argv: list[str], record: bool = False) -> Path:
+        """A job whose dump folder is folder/name (returned) unless argv names one."""
+        dump = self.folder / name
+        if "--job.dump_folder" not in argv:
+            argv = [*argv, "--job.dump_folder", str(dump)]
+        out = str(self.folder / f"{name}.result.pt")
+        self.jobs[name] = {"argv": argv, "out": out, "record": record}
+        return dump
+
+    def run(self, timeout: int = 1800) -> TrainerJobs:
+        spec = self.folder / "jobs.json"
+        spec.write_text(json.dumps(list(self.jobs.values())))
+        worker = "tests/distributed/trainer_jobs_worker.py"
+        self.proc = torchrun(self.nproc, [worker, str(spec)], [], timeout=timeout)
+        return self
+
+    def result(self, name: str) -> dict:
+        import torch
+
+        out = Path(self.jobs[name]["out"])
+        assert self.proc is not None and out.exists(), (
+            f"{name}: no result; the group of {self.nproc} failed before it:\n"
+            + (self.proc.stderr[-6000:] if self.proc else "never run")
+        )
+        return torch.load(out, weights_only=True)
+
+
 def copy_step(src_folder: Path, step: int, dst_folder: Path) -> None:
     """Checkpoint step-N of one run's dump folder into another's, as a relaunch would find it."""
     shutil.copytree(

@@ -1,6 +1,7 @@
 """Checkpoints on real files and real gloo process groups: exact resume, resharding, async vs
 sync content, retention, crash safety, corruption, seed checkpoints, export and conversion."""
 
+import itertools
 import json
 import os
 import shutil
@@ -8,109 +9,152 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import (
     CHECKPOINTED_RUN,
-    FSDP2_TP2,
     LAYOUTS,
     ROOT,
-    check,
+    TrainerJobs,
     clean_env,
     copy_step,
     free_port,
     losses_by_step,
-    torchrun,
     train,
 )
 
 from titanlite.components.checkpoint.storage import complete_steps, load_full_state_dict
 
 
+def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
+    return [
+        *CHECKPOINTED_RUN,
+        *LAYOUTS[layout][1],
+        "--training.steps",
+        str(steps),
+        "--checkpoint.interval",
+        str(interval),
+        *extra,
+    ]
+
+
+# The runs that save: name -> (layout, steps, checkpoint interval, extra arguments).
+SAVES = {
+    "full_one": ("one", 10, 5, ()),
+    "full_fsdp2": ("fsdp2", 10, 5, ()),
+    "save_one": ("one", 8, 4, ()),
+    "save_cp2": ("cp2", 8, 4, ()),
+    "save_2x2": ("fsdp2_tp2", 8, 4, ()),
+    "plain": ("one", 1, 100, ()),
+    "small": ("one", 2, 2, ()),  # what the damage and overwrite tests copy
+    **{
+        f"retention_{mode}": (
+            "fsdp2",
+            8,
+            2,
+            ("--checkpoint.async_mode", mode, "--checkpoint.keep_latest_k", "2"),
+        )
+        for mode in ("disabled", "async")
+    },
+    "export": (
+        "fsdp2",
+        2,
+        100,
+        ("--checkpoint.last_save_model_weights_only", "--checkpoint.export_dtype", "bfloat16"),
+    ),
+}
+SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
+# The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
+# steps, interval).
+RESUMES = {
+    "resumed_one": ("full_one", 5, "one", 10, 5),
+    "resumed_fsdp2": ("full_fsdp2", 5, "fsdp2", 10, 5),
+    "2x2_to_one": ("save_2x2", 4, "one", 8, 4),
+    "2x2_to_fsdp2": ("save_2x2", 4, "fsdp2", 8, 4),
+    "2x2_to_tp2": ("save_2x2", 4, "tp2", 8, 4),
+    "2x2_to_cp2": ("save_2x2", 4, "cp2", 8, 4),
+    # CP is invisible in a checkpoint: its ranks hold FSDP shards of the same parameters and
+    # the same data loader position, which DCP reshards like any other layout's.
+    "cp2_to_one": ("save_cp2", 4, "one", 8, 4),
+    "cp2_to_fsdp2": ("save_cp2", 4, "fsdp2", 8, 4),
+    "one_to_2x2": ("save_one", 4, "fsdp2_tp2", 8, 4),
+    "seed_one": ("seed", 0, "one", 1, 100),
+    "seed_2x2": ("seed", 0, "fsdp2_tp2", 1, 100),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, TrainerJobs]:
+    """Every run of this module that a test reads afterwards, {name: its group}: one process
+    group per world size and phase (the saves of 1 and 2 processes; the 4-process save with the
+    4-process resumes; then the 2- and 1-process resumes, each of a copy of the step it
+    resumes, as a relaunch finds it)."""
+    root = tmp_path_factory.mktemp("runs")
+    groups: dict[str, TrainerJobs] = {}
+    count = itertools.count()
+
+    def phase(nproc: int, saves: list[str], resumes: list[str]) -> None:
+        group = TrainerJobs(nproc, root / f"phase{next(count)}")
+        group.folder.mkdir()
+        for name in saves:
+            if name == "seed":
+                group.add(name, SEED)
+            else:
+                layout, steps, interval, extra = SAVES[name]
+                group.add(name, _run_args(layout, steps, interval, *extra))
+        for name in resumes:
+            src, step, layout, steps, interval = RESUMES[name]
+            copy_step(
+                groups[src].folder / src, step, group.add(name, _run_args(layout, steps, interval))
+            )
+        group.run()
+        groups.update(dict.fromkeys(group.jobs, group))
+
+    by_world = {n: [k for k, v in SAVES.items() if LAYOUTS[v[0]][0] == n] for n in (1, 2, 4)}
+    phase(1, [*by_world[1], "seed"], [])
+    phase(2, by_world[2], [])
+    for nproc in (4, 2, 1):
+        phase(
+            nproc,
+            by_world[4] if nproc == 4 else [],
+            [k for k, v in RESUMES.items() if LAYOUTS[v[2]][0] == nproc],
+        )
+    return groups
+
+
+def _folder(runs: dict[str, TrainerJobs], name: str) -> Path:
+    runs[name].result(name)  # the run finished
+    return runs[name].folder / name
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["one", "fsdp2"])
-def test_resume_is_bit_exact(tmp_path, layout):
-    nproc, args = LAYOUTS[layout]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    train(nproc, full, *args, "--training.steps", "10", "--checkpoint.interval", "5")
+def test_resume_is_bit_exact(runs, layout):
+    full, resumed = _folder(runs, f"full_{layout}"), _folder(runs, f"resumed_{layout}")
     assert complete_steps(full / "checkpoint") == [5, 10]
-    copy_step(full, 5, resumed)
-    proc = train(nproc, resumed, *args, "--training.steps", "10", "--checkpoint.interval", "5")
-    assert "resuming at step 5" in proc.stderr
+    assert runs[f"resumed_{layout}"].result(f"resumed_{layout}")["resumed_from"] == 5
     want, got = losses_by_step(full), losses_by_step(resumed)
     assert sorted(got) == list(range(6, 11))
     assert all(got[s] == want[s] for s in range(6, 11)), (want, got)  # bit-identical
 
 
-@pytest.fixture(scope="module")
-def saved_2x2(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("saved_2x2")
-    train(4, folder, *FSDP2_TP2, "--training.steps", "8", "--checkpoint.interval", "4")
-    return folder
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["one", "fsdp2", "tp2", "cp2"])
-def test_reshard_2x2_checkpoint_onto_other_layouts(saved_2x2, tmp_path, target):
-    resume_matches(saved_2x2, tmp_path, target)
-
-
-def resume_matches(saved, folder, target: str) -> None:
-    """Resume `saved`'s step 4 (of 8) on layout `target`: steps 5-8 within 1e-4."""
-    copy_step(saved, 4, folder)
-    nproc, args = LAYOUTS[target]
-    train(nproc, folder, *args, "--training.steps", "8", "--checkpoint.interval", "4")
-    want, got = losses_by_step(saved), losses_by_step(folder)
+@pytest.mark.parametrize("name", [k for k in RESUMES if "_to_" in k])
+def test_resharded_resume_matches_the_saved_run(runs, name):
+    """Resume a run's step 4 (of 8) on another layout: steps 5-8 within 1e-4 of the run's."""
+    src = RESUMES[name][0]
+    want, got = losses_by_step(_folder(runs, src)), losses_by_step(_folder(runs, name))
+    assert runs[name].result(name)["resumed_from"] == 4
     assert sorted(got) == [5, 6, 7, 8]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
 
 
-@pytest.fixture(scope="module")
-def saved_cp2(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("saved_cp2")
-    train(2, folder, *LAYOUTS["cp2"][1], "--training.steps", "8", "--checkpoint.interval", "4")
-    return folder
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["one", "fsdp2"])
-def test_context_parallel_checkpoint_resumes_on_other_layouts(saved_cp2, tmp_path, target):
-    """CP is invisible in a checkpoint: its ranks hold FSDP shards of the same parameters and
-    the same data loader position, which DCP reshards like any other layout's."""
-    resume_matches(saved_cp2, tmp_path, target)
-
-
-@pytest.mark.slow
-def test_reshard_1_process_checkpoint_onto_2x2(tmp_path):
-    one, target = tmp_path / "one", tmp_path / "target"
-    train(1, one, *LAYOUTS["one"][1], "--training.steps", "8", "--checkpoint.interval", "4")
-    copy_step(one, 4, target)
-    train(4, target, *FSDP2_TP2, "--training.steps", "8", "--checkpoint.interval", "4")
-    want, got = losses_by_step(one), losses_by_step(target)
-    assert sorted(got) == [5, 6, 7, 8]
-    for s in got:
-        assert abs(got[s] - want[s]) <= 1e-4 * want[s]
-
-
-@pytest.mark.slow
-def test_async_save_equals_sync_save_and_retention(tmp_path):
-    sync, asyn = tmp_path / "sync", tmp_path / "async"
-    for folder, mode in ((sync, "disabled"), (asyn, "async")):
-        train(
-            2,
-            folder,
-            *LAYOUTS["fsdp2"][1],
-            "--training.steps",
-            "8",
-            "--checkpoint.interval",
-            "2",
-            "--checkpoint.async_mode",
-            mode,
-            "--checkpoint.keep_latest_k",
-            "2",
-        )
+def test_async_save_equals_sync_save_and_retention(runs):
+    sync, asyn = _folder(runs, "retention_disabled"), _folder(runs, "retention_async")
     for folder in (sync, asyn):
         deadline = time.time() + 30  # retention deletes in the background
         while complete_steps(folder / "checkpoint") != [6, 8] and time.time() < deadline:
@@ -216,10 +260,8 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("small")
-    train(1, folder, *LAYOUTS["one"][1], "--training.steps", "2", "--checkpoint.interval", "2")
-    return folder
+def small_checkpoint(runs):
+    return _folder(runs, "small")
 
 
 def _resume_error(src, tmp_path, *extra: str) -> str:
@@ -273,53 +315,17 @@ def test_newer_checkpoint_of_another_run_is_never_overwritten(small_checkpoint, 
 
 
 @pytest.mark.slow
-def test_seed_checkpoint_gives_the_same_start_on_every_layout(tmp_path):
-    seed = tmp_path / "seed"
-    check(
-        torchrun(
-            1,
-            ["-m", "titanlite.train"],
-            [
-                *CHECKPOINTED_RUN,
-                "--job.dump_folder",
-                str(seed),
-                "--checkpoint.create_seed_checkpoint",
-                "--training.seed",
-                "1234",
-            ],
-        )
-    )
-    assert complete_steps(seed / "checkpoint") == [0]
-    first = {}
-    for name in ("one", "fsdp2_tp2"):
-        folder = tmp_path / name
-        copy_step(seed, 0, folder)
-        nproc, args = LAYOUTS[name]
-        train(nproc, folder, *args, "--training.steps", "1", "--checkpoint.interval", "100")
-        first[name] = losses_by_step(folder)[1]
-    plain = tmp_path / "plain"
-    train(1, plain, *LAYOUTS["one"][1], "--training.steps", "1", "--checkpoint.interval", "100")
-    assert abs(first["one"] - first["fsdp2_tp2"]) <= 1e-5 * first["one"]
-    assert (
-        first["one"] != losses_by_step(plain)[1]
-    )  # the seed checkpoint's weights were really used
+def test_seed_checkpoint_gives_the_same_start_on_every_layout(runs):
+    assert complete_steps(_folder(runs, "seed") / "checkpoint") == [0]
+    first = {name: losses_by_step(_folder(runs, name))[1] for name in ("seed_one", "seed_2x2")}
+    assert abs(first["seed_one"] - first["seed_2x2"]) <= 1e-5 * first["seed_one"]
+    # The seed checkpoint's weights were really used.
+    assert first["seed_one"] != losses_by_step(_folder(runs, "plain"))[1]
 
 
 @pytest.mark.slow
-def test_weights_only_export_and_conversion_round_trip(tmp_path):
-    train(
-        2,
-        tmp_path,
-        *LAYOUTS["fsdp2"][1],
-        "--training.steps",
-        "2",
-        "--checkpoint.interval",
-        "100",
-        "--checkpoint.last_save_model_weights_only",
-        "--checkpoint.export_dtype",
-        "bfloat16",
-    )
-    step = tmp_path / "checkpoint" / "step-2"
+def test_weights_only_export_and_conversion_round_trip(runs, tmp_path):
+    step = _folder(runs, "export") / "checkpoint" / "step-2"
     exported = load_full_state_dict(step)
     assert set(exported) == {"model"}
     assert all(t.dtype == torch.bfloat16 for t in exported["model"].values())

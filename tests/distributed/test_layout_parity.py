@@ -1,19 +1,34 @@
 """Every parallel layout trains the same model: the debug model, fp32, same seed, same global
-batch (8 sequences), 5 steps under torchrun on gloo; every step's loss and gradient norm and the
-final weights (gathered with full_tensor) must equal the single-process run within 1e-4,
-compiled layouts included.
+batch (8 sequences), 5 steps through the trainer's own loop and step; every step's loss and
+gradient norm, every parameter's gradient of step 1 (within 1e-4 relative, in norm, none lost)
+and the final weights must equal the single-process run's within 1e-4, compiled layouts
+included. All layouts of one world size train one after another in one process group
+(trainer_jobs_worker.py), each with its own dump folder.
 
 The debug preset's block_causal masking is on, over the bundled corpus cut into paragraphs (the
 corpus's files are ~2,000-token documents, which 5 steps of 8 x 64 tokens would cross once or
 twice): 3 to 7 boundaries per step of 8 windows, 0 to 2 per window, so the ranks and
 micro-batches count different numbers of targets and the mask differs from causal on every
-layout."""
+layout.
+
+Which file proves which layout. This module keeps what only the trainer's loop shows (gradient
+accumulation and its sync-once variant, pipeline schedules with micro-batch sizes and CSV
+actions, memory-budget AC, per-document RoPE under SP and CP, the token counts that differ
+between ranks under documents, the 3-D PP x FSDP x TP case) and one representative of each
+parallelism (FSDP, DDP, HSDP, TP, CP, PP, AC, compile). test_grad_parity.py proves, with one
+forward/backward per layout, the layouts not repeated here: FSDP 4, TP 4, TP 2 without loss
+parallel, FSDP 2 x TP 2 (plain, accumulation, full and op AC, compile with and without loss
+parallel, compile with op AC, float8), TP 2 and CP 2 compiled, FSDP 2 compiled, PP 2 with
+Interleaved1F1B and ZBVZeroBubble, PP 2 x FSDP 2, PP 2 x TP 2, CP 4, CP 2 contiguous, CP 2 x FSDP
+2, CP 2 x HSDP, CP 2 x TP 2 (with op AC) and PP 2 x CP 2. test_checkpoint.py resumes and
+reshards across one process, FSDP 2, TP 2, CP 2 and FSDP 2 x TP 2; test_float8_training.py
+trains float8 under FSDP 2 and FSDP 2 x TP 2."""
 
 import json
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, check, torchrun
+from helpers import DEBUG_CONFIG, ROOT, TrainerJobs
 
 STEPS = 5
 COMMON = [
@@ -31,185 +46,53 @@ COMMON = [
     "float32",
     "--training.deterministic",
 ]
+LBS = "--training.local_batch_size"
+TP, CP, PP = (f"--parallelism.{k}_parallel_degree" for k in ("tensor", "context", "pipeline"))
+PP_SCHEDULE = "--parallelism.pipeline_parallel_schedule"
+ACCUM2 = ["--training.global_batch_size", "8"]
+AC_FULL = ["--activation_checkpoint.mode", "full"]
+ROPE_DOCUMENT = ["--model.rope_positions", "document"]
 
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
 LAYOUTS = {
-    "fsdp2": (2, ["--training.local_batch_size", "4"]),
-    "fsdp4": (4, ["--training.local_batch_size", "2"]),
-    "ddp2": (
-        2,
-        ["--training.local_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2"],
-    ),
-    "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
-    "tp4": (4, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "4"]),
-    "tp2_no_loss_parallel": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--parallelism.disable_loss_parallel",
-        ],
-    ),
-    # Plain FSDP 2 x TP 2 is not listed: both AC variants below run it, and the checkpoint,
-    # float8, validation and HF tests each compare an FSDP 2 x TP 2 run with one process too.
-    "hsdp2x2": (
-        4,
-        ["--training.local_batch_size", "2", "--parallelism.data_parallel_replicate_degree", "2"],
-    ),
-    "fsdp2_tp2_ac_full": (
-        4,
-        [
-            "--training.local_batch_size",
-            "4",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--activation_checkpoint.mode",
-            "full",
-        ],
-    ),
-    "fsdp2_tp2_ac_op": (
-        4,
-        [
-            "--training.local_batch_size",
-            "4",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--activation_checkpoint.mode",
-            "selective",
-            "--activation_checkpoint.selective_ac_option",
-            "op",
-        ],
-    ),
+    "one": (1, [LBS, "8"]),  # the reference
+    "one_proc_accum2": (1, [LBS, "4", *ACCUM2]),
+    "fsdp2": (2, [LBS, "4"]),
+    "ddp2": (2, [LBS, "4", "--parallelism.data_parallel_replicate_degree", "2"]),
+    "tp2": (2, [LBS, "8", TP, "2"]),
     # Per-document RoPE positions: under block_causal the same function as window positions
     # (RoPE scores depend on position differences, which stay within a document), so the
     # one-process window run is its reference too. What this checks: under sequence parallel
     # every rank computes the positions from the whole, replicated tokens.
-    "tp2_rope_document": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--model.rope_positions",
-            "document",
-        ],
-    ),
-    "fsdp2_compile": (2, ["--training.local_batch_size", "4", "--training.compile"]),
-    # Compile chooses what each block recomputes under a budget strictly between 0 and 1, where
-    # the partitioner weighs every graph input (the TP graphs' device mesh and process group too).
-    "fsdp2_tp2_memory_budget": (
-        4,
-        [
-            "--training.local_batch_size",
-            "4",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--training.compile",
-            "--activation_checkpoint.mode",
-            "memory_budget",
-            "--activation_checkpoint.memory_budget",
-            "0.3",
-        ],
-    ),
-    "fsdp2_tp2_compile": (
-        4,
-        [
-            "--training.local_batch_size",
-            "4",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--training.compile",
-        ],
-    ),
+    "tp2_rope_document": (2, [LBS, "8", TP, "2", *ROPE_DOCUMENT]),
     # Gradient accumulation: 2 micro-batches of 2 per rank on 2 ranks = the same 8 sequences.
-    "fsdp2_accum2": (2, ["--training.local_batch_size", "2", "--training.global_batch_size", "8"]),
+    "fsdp2_accum2": (2, [LBS, "2", *ACCUM2]),
     "fsdp2_accum2_sync_once": (
         2,
-        [
-            "--training.local_batch_size",
-            "2",
-            "--training.global_batch_size",
-            "8",
-            "--parallelism.fsdp_sync_grads_each_microbatch",
-            "false",
-        ],
+        [LBS, "2", *ACCUM2, "--parallelism.fsdp_sync_grads_each_microbatch", "false"],
     ),
     # Pipeline parallel (torch.distributed.pipelining), 8 sequences in pipeline micro-batches.
-    "pp2_1f1b": (
-        2,
-        ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"],
-    ),
+    "pp2_1f1b": (2, [LBS, "8", PP, "2"]),
     "pp2_gpipe": (
         2,
         [
-            "--training.local_batch_size",
+            LBS,
             "8",
-            "--parallelism.pipeline_parallel_degree",
+            PP,
             "2",
-            "--parallelism.pipeline_parallel_schedule",
+            PP_SCHEDULE,
             "GPipe",
             "--parallelism.pipeline_parallel_microbatch_size",
             "2",
-        ],
-    ),
-    "pp2_interleaved1f1b": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.pipeline_parallel_schedule",
-            "Interleaved1F1B",
-        ],
-    ),
-    "pp2_zbv": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.pipeline_parallel_schedule",
-            "ZBVZeroBubble",
-        ],
-    ),
-    "pp2_fsdp2": (
-        4,
-        ["--training.local_batch_size", "4", "--parallelism.pipeline_parallel_degree", "2"],
-    ),
-    "pp2_tp2": (
-        4,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-        ],
-    ),
-    "pp2_fsdp2_ac": (
-        4,
-        [
-            "--training.local_batch_size",
-            "4",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--activation_checkpoint.mode",
-            "full",
         ],
     ),
     # A schedule given as a CSV of actions (GPipe order, 2 micro-batches of 4).
     "pp2_csv": (
         2,
         [
-            "--training.local_batch_size",
+            LBS,
             "8",
-            "--parallelism.pipeline_parallel_degree",
+            PP,
             "2",
             "--parallelism.pipeline_parallel_microbatch_size",
             "4",
@@ -218,85 +101,35 @@ LAYOUTS = {
         ],
     ),
     # The one compiled pipeline case (compile costs ~15 s per graph on CPU).
-    "pp2_compile": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--training.compile",
-        ],
-    ),
-    "pp2_fsdp2_tp2": (
-        8,
-        [
-            "--training.local_batch_size",
-            "4",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-        ],
-    ),
+    "pp2_compile": (2, [LBS, "8", PP, "2", "--training.compile"]),
     # Context parallel under block_causal documents: at seq 64 the head-tail cut makes chunks
     # of 16 tokens (8 under CP 4) and the paragraphs are longer, so documents straddle the
     # chunk borders (and the ranks' borders) in every window.
-    "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
+    "cp2": (2, [LBS, "8", CP, "2"]),
+    "cp2_ac_full": (2, [LBS, "8", CP, "2", *AC_FULL]),
+    "hsdp2x2": (4, [LBS, "2", "--parallelism.data_parallel_replicate_degree", "2"]),
     # With per-document RoPE positions, computed from the whole window before the cut.
-    "cp4_rope_document": (
+    "cp4_rope_document": (4, [LBS, "8", CP, "4", *ROPE_DOCUMENT]),
+    # Compile chooses what each block recomputes under a budget strictly between 0 and 1, where
+    # the partitioner weighs every graph input (the TP graphs' device mesh and process group too).
+    "fsdp2_tp2_memory_budget": (
         4,
         [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.context_parallel_degree",
+            LBS,
             "4",
-            "--model.rope_positions",
-            "document",
-        ],
-    ),
-    "cp2_fsdp2": (
-        4,
-        ["--training.local_batch_size", "4", "--parallelism.context_parallel_degree", "2"],
-    ),
-    "cp2_tp2": (
-        4,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.context_parallel_degree",
+            TP,
             "2",
-            "--parallelism.tensor_parallel_degree",
-            "2",
-        ],
-    ),
-    "cp2_ac_full": (
-        2,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.context_parallel_degree",
-            "2",
+            "--training.compile",
             "--activation_checkpoint.mode",
-            "full",
+            "memory_budget",
+            "--activation_checkpoint.memory_budget",
+            "0.3",
         ],
     ),
-    "pp2_cp2": (
-        4,
-        [
-            "--training.local_batch_size",
-            "8",
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.context_parallel_degree",
-            "2",
-        ],
-    ),
-    "one_proc_accum2": (
-        1,
-        ["--training.local_batch_size", "4", "--training.global_batch_size", "8"],
-    ),
+    "pp2_fsdp2_ac": (4, [LBS, "4", PP, "2", *AC_FULL]),
+    "pp2_fsdp2_tp2": (8, [LBS, "4", PP, "2", TP, "2"]),
 }
+RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -312,58 +145,59 @@ def paragraphs(tmp_path_factory) -> str:
     return str(path)
 
 
-def _train(tmp_path, name: str, nproc: int, overrides: list[str], data: str) -> dict:
-    out = tmp_path / f"{name}.pt"
-    check(
-        torchrun(
-            nproc,
-            ["tests/distributed/train_worker.py", str(out)],
-            [
-                *COMMON,
-                "--training.dataset_path",
-                data,
-                "--job.dump_folder",
-                str(tmp_path / name),
-                *overrides,
-            ],
-            timeout=900,
-        )
-    )
-    return torch.load(out, weights_only=True)
-
-
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory, paragraphs):
-    return _train(
-        tmp_path_factory.mktemp("baseline"),
-        "one",
-        1,
-        ["--training.local_batch_size", "8"],
-        paragraphs,
-    )
+def world(request, tmp_path_factory, paragraphs):
+    """world(n): the selected layouts of n processes (and the reference), trained in one group
+    the first time it is asked."""
+    groups: dict[int, TrainerJobs] = {}
+    selected = {"one"} | {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    }
+
+    def run(nproc: int) -> TrainerJobs:
+        if nproc not in groups:
+            jobs = TrainerJobs(nproc, tmp_path_factory.mktemp(f"world{nproc}"))
+            for name, (n, overrides) in LAYOUTS.items():
+                if n == nproc and name in selected:
+                    argv = [*COMMON, "--training.dataset_path", paragraphs, *overrides]
+                    jobs.add(name, argv, record=True)
+            groups[nproc] = jobs.run()
+        return groups[nproc]
+
+    return run
+
+
+def _worst(got: dict, want: dict) -> tuple[float, str]:
+    assert set(got) == set(want), set(got) ^ set(want)
+    errors = {k: ((got[k] - r).norm() / r.norm()).item() for k, r in want.items()}
+    worst = max(errors, key=errors.get)
+    return errors[worst], worst
+
+
+def _close(got: list[float], want: list[float], what: str) -> None:
+    assert len(got) == len(want) == STEPS, (got, want)
+    for step, (ref, value) in enumerate(zip(want, got), 1):
+        assert abs(value - ref) <= RTOL * abs(ref), f"step {step}: {what} {value} vs {ref}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_single_process(baseline, paragraphs, tmp_path, name):
-    nproc, overrides = LAYOUTS[name]
-    result = _train(tmp_path, name, nproc, overrides, paragraphs)
-    assert len(result["losses"]) == len(baseline["losses"]) == STEPS
-    for step, (ref, got) in enumerate(zip(baseline["losses"], result["losses"]), 1):
-        assert abs(got - ref) <= 1e-4 * abs(ref), f"step {step}: loss {got} vs {ref}"
-    for step, (ref, got) in enumerate(zip(baseline["grad_norms"], result["grad_norms"]), 1):
-        assert abs(got - ref) <= 1e-4 * abs(ref), f"step {step}: grad norm {got} vs {ref}"
-    assert set(result["weights"]) == set(baseline["weights"])
-    worst = max(
-        ((result["weights"][k] - r).norm() / r.norm()).item()
-        for k, r in baseline["weights"].items()
-    )
-    loss_error = max(abs(g - r) / abs(r) for r, g in zip(baseline["losses"], result["losses"]))
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "one"])
+def test_layout_matches_single_process(world, name):
+    baseline, result = world(1).result("one"), world(LAYOUTS[name][0]).result(name)
+    _close(result["losses"], baseline["losses"], "loss")
+    _close(result["grad_norms"], baseline["grad_norms"], "grad norm")
+    # Step 1 starts from the same weights on the same batch: every parameter's gradient, as
+    # the trainer's step left it for the optimizer, equals one process's.
+    grad_error, grad_param = _worst(result["grads"], baseline["grads"])
+    weight_error, weight_param = _worst(result["weights"], baseline["weights"])
     print(
-        f"\n{name}: worst loss error {loss_error:.2e}, worst final-weight error {worst:.2e} "
-        "(relative, in norm)"
+        f"\n{name}: worst step-1 gradient error {grad_error:.2e} ({grad_param}), worst "
+        f"final-weight error {weight_error:.2e} ({weight_param}) (relative, in norm)"
     )
+    assert grad_error <= RTOL, f"{grad_param}: step-1 gradient off by {grad_error:.2e}"
     for key, ref in baseline["weights"].items():
-        torch.testing.assert_close(result["weights"][key], ref, rtol=1e-4, atol=1e-4, msg=key)
+        torch.testing.assert_close(result["weights"][key], ref, rtol=RTOL, atol=RTOL, msg=key)
     # The run must have learned something, or equal losses would prove little.
     assert baseline["losses"][-1] < baseline["losses"][0] - 0.5

@@ -65,6 +65,9 @@ class Trainer:
         self.preempted = 0  # the signal number that stopped train() early
         self.stop_message = ""
         self.launch_start = time.perf_counter() if launch_start is None else launch_start
+        # A group that a launcher made (Ray Train, or a test running many jobs in one group)
+        # is the launcher's to destroy.
+        self.owns_process_group = not dist.is_initialized()
         self.device = distributed.init(job.comm.init_timeout_seconds)
         self.rank = dist.get_rank()
         distributed.check_distinct_devices(self.device)
@@ -378,7 +381,7 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.metrics.close()
-        if dist.is_initialized():
+        if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
