@@ -7,6 +7,7 @@
 #   scripts/local_slurm.sh start [--nodes N] [--dir DIR]   # prints `export SLURM_CONF=...`
 #   scripts/local_slurm.sh stop  [--dir DIR]                # stops only the daemons it started
 #   scripts/local_slurm.sh env   [--dir DIR]
+#   scripts/local_slurm.sh install                          # the packages only (.ci/run)
 #
 #   eval "$(scripts/local_slurm.sh start --nodes 2)"; sbatch --wait ...; scripts/local_slurm.sh stop
 #
@@ -183,6 +184,9 @@ stop() {
 
 case $cmd in
     start) start ;;
+    install)
+        [[ $(id -u) == 0 ]] || die "needs root to install the packages"
+        install_if_missing ;;
     stop) stop ;;
     env) echo "export SLURM_CONF=$conf" ;;
     *) sed -n '2,/^set -euo/{/^#/p}' "$0" >&2; exit 2 ;;

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,6 +6,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+
+# Compiled graphs (Inductor's FX graph and AOTAutograd caches) in one folder that every process
+# of the session inherits and that outlives it on a machine that keeps its home folder: a graph
+# compiled once (the same block under another layout, another test, an earlier CI run) is read
+# back, not compiled again. Tensor-parallel graphs are never cached (parallelisms/compile.py).
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "titanlite" / "inductor"),
+)
 
 # Each top folder of tests/ is a tier: `./run_tests.sh -m unit` (or multirank, launcher,
 # cluster) runs one of them.

@@ -178,42 +178,6 @@ def train(
     return check(proc) if expect_ok else proc
 
 
-class TrainerJobs:
-    """Training jobs of one world size, run one after another in one process group
-    (tests/distributed/trainer_jobs_worker.py): add() each, run() once, then result(name)."""
-
-    def __init__(self, nproc: int, folder: Path) -> None:
-        self.nproc, self.folder = nproc, folder
-        self.jobs: dict[str, dict] = {}
-        self.proc: subprocess.CompletedProcess | None = None
-
-    def add(self, name: str, argv: list[str], record: bool = False) -> Path:
-        """A job whose dump folder is folder/name (returned) unless argv names one."""
-        dump = self.folder / name
-        if "--job.dump_folder" not in argv:
-            argv = [*argv, "--job.dump_folder", str(dump)]
-        out = str(self.folder / f"{name}.result.pt")
-        self.jobs[name] = {"argv": argv, "out": out, "record": record}
-        return dump
-
-    def run(self, timeout: int = 1800) -> TrainerJobs:
-        spec = self.folder / "jobs.json"
-        spec.write_text(json.dumps(list(self.jobs.values())))
-        worker = "tests/distributed/trainer_jobs_worker.py"
-        self.proc = torchrun(self.nproc, [worker, str(spec)], [], timeout=timeout)
-        return self
-
-    def result(self, name: str) -> dict:
-        import torch
-
-        out = Path(self.jobs[name]["out"])
-        assert self.proc is not None and out.exists(), (
-            f"{name}: no result; the group of {self.nproc} failed before it:\n"
-            + (self.proc.stderr[-6000:] if self.proc else "never run")
-        )
-        return torch.load(out, weights_only=True)
-
-
 def copy_step(src_folder: Path, step: int, dst_folder: Path) -> None:
     """Checkpoint step-N of one run's dump folder into another's, as a relaunch would find it."""
     shutil.copytree(
@@ -299,6 +263,7 @@ def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def _spawn_entry(rank: int, fn, world_size: int, port: int, args: tuple) -> None:
+    import torch
     import torch.distributed as dist
 
     os.environ.update(
@@ -308,6 +273,7 @@ def _spawn_entry(rank: int, fn, world_size: int, port: int, args: tuple) -> None
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    torch.set_num_threads(1)  # as torchrun's workers (OMP_NUM_THREADS=1): ranks share 2 cores
     dist.init_process_group("gloo")
     try:
         fn(rank, world_size, *args)
@@ -315,15 +281,25 @@ def _spawn_entry(rank: int, fn, world_size: int, port: int, args: tuple) -> None
         dist.destroy_process_group()
 
 
+# What the fork server imports once, so that each rank it forks starts without importing torch
+# (seconds per process on 2 cores).
+SPAWN_PRELOAD = ["torch", "torch.distributed", "titanlite.trainer.trainer", "helpers"]
+
+
 def spawn(fn, world_size: int, *args) -> None:
-    """Run fn(rank, world_size, *args) in world_size processes on a real gloo process group."""
+    """Run fn(rank, world_size, *args) in world_size processes on a real gloo process group:
+    forked from a server that has torch imported (the tests that are about the launcher use
+    torchrun instead)."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.set_forkserver_preload(SPAWN_PRELOAD)
     mp.start_processes(
         _spawn_entry,
         args=(fn, world_size, free_port(), args),
         nprocs=world_size,
-        start_method="spawn",
+        start_method="forkserver",
     )
 
 

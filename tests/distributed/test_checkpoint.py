@@ -17,13 +17,13 @@ from helpers import (
     CHECKPOINTED_RUN,
     LAYOUTS,
     ROOT,
-    TrainerJobs,
     clean_env,
     copy_step,
     free_port,
     losses_by_step,
     train,
 )
+from trainer_jobs import TrainerJobs
 
 from titanlite.components.checkpoint.storage import complete_steps, load_full_state_dict
 

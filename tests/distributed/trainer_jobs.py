@@ -1,0 +1,139 @@
+"""Several training jobs, one after another, in one process group: the processes, their torch
+imports and gloo's connections are paid once per world size instead of once per job.
+
+    group = TrainerJobs(nproc, folder)
+    group.add("fsdp2", argv, record=True)   # its dump folder: folder/fsdp2
+    group.run()
+    group.result("fsdp2")
+
+Each job goes the way `python -m titanlite.train` goes (preflight, Trainer, the seed checkpoint
+or train(), close) on a group the ranks made before the first job (helpers.spawn), which the
+trainer therefore leaves alone. Rank 0 saves each job's result: every step's loss and gradient
+norm, the step it resumed from and, with `record`, the full gradients of step 1 (after clipping,
+as the optimizer saw them) and the full final weights, gathered from shards and pipeline stages.
+A job that fails ends the group: the jobs after it have no result, and result() says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from helpers import spawn
+from torch.distributed.tensor import DTensor
+
+from titanlite.core import distributed
+from titanlite.core.logging import init_logger
+from titanlite.preflight import checks as preflight
+from titanlite.trainer.trainer import Trainer
+
+
+class TrainerJobs:
+    """Training jobs of one world size: add() each, run() once, then result(name)."""
+
+    def __init__(self, nproc: int, folder: Path) -> None:
+        self.nproc, self.folder = nproc, folder
+        self.jobs: dict[str, dict] = {}
+        self.failure: str | None = None
+
+    def add(self, name: str, argv: list[str], record: bool = False) -> Path:
+        """A job with its dump folder folder/name (returned)."""
+        dump = self.folder / name
+        out = str(self.folder / f"{name}.result.pt")
+        argv = [*argv, "--job.dump_folder", str(dump)]
+        self.jobs[name] = {"argv": argv, "out": out, "record": record}
+        return dump
+
+    def run(self) -> TrainerJobs:
+        spec = self.folder / "jobs.json"
+        spec.write_text(json.dumps(list(self.jobs.values())))
+        try:
+            spawn(run_jobs, self.nproc, str(spec))
+        except Exception as error:  # told by result() to the tests whose jobs did not run
+            log = self.folder / "rank0.log"
+            tail = log.read_text()[-6000:] if log.exists() else ""
+            self.failure = f"{error}\nrank 0's log ends:\n{tail}"
+        return self
+
+    def result(self, name: str) -> dict:
+        out = Path(self.jobs[name]["out"])
+        assert out.exists(), f"{name}: no result; the group of {self.nproc} failed: {self.failure}"
+        return torch.load(out, weights_only=True)
+
+
+def _clean(name: str) -> str:
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def full_tensors(model: torch.nn.Module, what: str) -> dict[str, torch.Tensor]:
+    """Every parameter's (what="param") or gradient's (what="grad") full value on every rank,
+    merged over pipeline stages. Collective: every rank calls it in step."""
+    mine = {}
+    for name, p in model.named_parameters():
+        value = p if what == "param" else p.grad
+        if value is None:
+            continue
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        mine[_clean(name)] = full.detach().cpu().float().clone()
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    merged: dict[str, torch.Tensor] = {}
+    for part in everyone:
+        merged.update(part)
+    return merged
+
+
+class FirstStepGradients:
+    """The trainer's own step, unchanged, that keeps the gradients its first call leaves."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer, self.step = trainer, trainer.train_step
+        self.grads: dict[str, torch.Tensor] | None = None
+
+    def __call__(self, microbatches):
+        out = self.step(microbatches)
+        if self.grads is None:
+            self.grads = full_tensors(self.trainer.model, "grad")
+        return out
+
+
+def run_job(argv: list[str], record: bool) -> dict:
+    job, pre = preflight.run(argv, dist.get_world_size())
+    # What start-up may take (a first compile), not the training timeout a previous job set.
+    distributed.set_timeout(job.comm.init_timeout_seconds)
+    trainer = Trainer(job, pre)
+    try:
+        result: dict = {"resumed_from": trainer.checkpointer.resumed_from}
+        if job.checkpoint.create_seed_checkpoint:
+            trainer.save_seed_checkpoint()
+            return result
+        first = FirstStepGradients(trainer)
+        if record:
+            trainer.train_step = first  # type: ignore[assignment]
+        records = trainer.train()
+        result["losses"] = [r["loss"] for r in records]
+        result["grad_norms"] = [r["grad_norm"] for r in records]
+        if record:
+            result["grads"] = first.grads
+            result["weights"] = full_tensors(trainer.model, "param")
+        return result
+    finally:
+        trainer.close()
+        torch._dynamo.reset()  # each job compiles its own model
+
+
+def run_jobs(rank: int, world_size: int, spec: str) -> None:
+    """One rank's part of every job in `spec`, its output in rank{rank}.log beside it."""
+    log = os.open(Path(spec).with_name(f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(log, 1), os.dup2(log, 2)
+    init_logger()
+    for job in json.loads(Path(spec).read_text()):
+        result = run_job(job["argv"], job["record"])
+        if rank == 0:
+            torch.save(result, job["out"])
+        dist.barrier()
