@@ -197,32 +197,48 @@ def in_pairs(cases: dict[str, tuple]) -> dict[str, subprocess.CompletedProcess]:
         return {name: f.result() for name, f in futures.items()}
 
 
-def preflight(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    """What ./run_train.sh's preflight step answers to ONE_STEP + `args`, run in this process:
-    the same command line (`--config` among the arguments, else the debug preset) with NGPU (1
-    unless given) as the world size. Its exit code and what it printed, as run_train.sh would
-    show them; an exception (a traceback there) propagates."""
-    from titanlite.preflight import checks
-
-    args = [*ONE_STEP, *args]
-    config = str(DEBUG_CONFIG)
-    if "--config" in args:
-        i = args.index("--config")
-        config, args = args[i + 1], args[:i] + args[i + 2 :]
-    ngpu = env.get("NGPU", "1")
-    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "NGPU")}
-    os.environ.update(WORLD_SIZE=ngpu, NGPU=ngpu)
+def in_process(main, argv: list[str], **env: str) -> subprocess.CompletedProcess:
+    """An entry point's main(argv) called in this process with `env` set for the call: its exit
+    code and what it printed, as a subprocess would show them; an exception (a traceback
+    there) propagates."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = checks.main(["--config", config, *args])
+            code = main(argv)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def _with_config(args: list[str]) -> list[str]:
+    """run_train.sh's command line: `--config` first (the debug preset unless given)."""
+    config = str(DEBUG_CONFIG)
+    if "--config" in args:
+        i = args.index("--config")
+        config, args = args[i + 1], args[:i] + args[i + 2 :]
+    return ["--config", config, *args]
+
+
+def preflight(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """What ./run_train.sh's preflight step answers to ONE_STEP + `args`, run in this process:
+    the same command line with NGPU (1 unless given) as the world size."""
+    from titanlite.preflight import checks
+
+    ngpu = env.get("NGPU", "1")
+    return in_process(checks.main, _with_config([*ONE_STEP, *args]), WORLD_SIZE=ngpu, NGPU=ngpu)
+
+
+def dry_run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """What `./run_train.sh --dry-run *args` answers, run in this process."""
+    from titanlite.planning import dry_run as planning
+
+    return in_process(planning.main, _with_config(list(args)), **env)
 
 
 def preflight_cases(

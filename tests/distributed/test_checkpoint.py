@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -259,34 +260,61 @@ def test_kill_during_async_save_resumes_previous_checkpoint(tmp_path):
     assert f"resuming at step {survivors[-1]}" in resumed.stderr
 
 
+def _damage(folder: Path, how: str) -> Path:
+    data = folder / "checkpoint" / "step-2" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    if how == "corrupt":
+        raw[len(raw) // 2] ^= 0xFF
+    else:
+        raw = raw[: len(raw) - 100]
+    data.write_bytes(bytes(raw))
+    return data
+
+
+# Resumes that must stop with one line: name -> (how the copied step-2 is changed, arguments).
+BAD_RESUMES = {
+    "corrupt": ("corrupt", []),
+    "truncate": ("truncate", []),
+    "shapes": (None, ["--model.n_layers", "2", "--model.dim", "128"]),
+    "newer_than_load_step": ("newer", ["--checkpoint.load_step", "2"]),
+    "missing_load_step": ("newer", ["--checkpoint.load_step", "3"]),
+}
+
+
 @pytest.fixture(scope="module")
-def small_checkpoint(runs):
-    return _folder(runs, "small")
+def resume_errors(runs, tmp_path_factory) -> dict[str, tuple[str, Path]]:
+    """{name: (the first error line, the damaged file)}: each case a copy of the small run's
+    step 2 resumed by `python -m titanlite.train` under torchrun, two at a time."""
+    small, root = _folder(runs, "small"), tmp_path_factory.mktemp("bad_resumes")
+    damaged = {}
+    for name, (how, _) in BAD_RESUMES.items():
+        copy_step(small, 2, root / name)
+        if how == "newer":  # another run's later checkpoint in the same folder
+            shutil.copytree(
+                root / name / "checkpoint" / "step-2", root / name / "checkpoint" / "step-4"
+            )
+        elif how:
+            damaged[name] = _damage(root / name, how)
 
+    def resume(name: str) -> str:
+        extra = BAD_RESUMES[name][1]
+        proc = train(
+            1, root / name, *LAYOUTS["one"][1], "--training.steps", "4", *extra, expect_ok=False
+        )
+        assert proc.returncode != 0
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("titanlite: error:")]
+        assert lines, proc.stderr[-3000:]
+        return lines[0]
 
-def _resume_error(src, tmp_path, *extra: str) -> str:
-    proc = train(1, tmp_path, *LAYOUTS["one"][1], "--training.steps", "4", *extra, expect_ok=False)
-    assert proc.returncode != 0
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("titanlite: error:")]
-    assert lines, proc.stderr[-3000:]
-    return lines[0]
+    with ThreadPoolExecutor(2) as pool:
+        lines = dict(zip(BAD_RESUMES, pool.map(resume, BAD_RESUMES)))
+    return {name: (line, damaged.get(name)) for name, line in lines.items()}
 
 
 @pytest.mark.slow
-def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(
-    small_checkpoint, tmp_path
-):
+def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(resume_errors):
     for damage in ("corrupt", "truncate"):
-        folder = tmp_path / damage
-        copy_step(small_checkpoint, 2, folder)
-        data = folder / "checkpoint" / "step-2" / "__0_0.distcp"
-        raw = bytearray(data.read_bytes())
-        if damage == "corrupt":
-            raw[len(raw) // 2] ^= 0xFF
-        else:
-            raw = raw[: len(raw) - 100]
-        data.write_bytes(bytes(raw))
-        error = _resume_error(small_checkpoint, folder)
+        error, data = resume_errors[damage]
         assert str(data) in error and ("corrupted" if damage == "corrupt" else "truncated") in error
         check_cli = subprocess.run(
             [sys.executable, "-m", "titanlite.checkpoint", "verify", str(data.parent)],
@@ -295,23 +323,17 @@ def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(
             text=True,
         )
         assert check_cli.returncode == 1 and str(data) in check_cli.stdout
-    folder = tmp_path / "shapes"
-    copy_step(small_checkpoint, 2, folder)
-    error = _resume_error(small_checkpoint, folder, "--model.n_layers", "2", "--model.dim", "128")
     assert (
         "model key 'tok_embeddings.weight' has shape (512, 256), the model (as configured: "
-        "llama3 debugmodel) has (512, 128)" in error
+        "llama3 debugmodel) has (512, 128)" in resume_errors["shapes"][0]
     )
 
 
 @pytest.mark.slow
-def test_newer_checkpoint_of_another_run_is_never_overwritten(small_checkpoint, tmp_path):
-    copy_step(small_checkpoint, 2, tmp_path)
-    shutil.copytree(tmp_path / "checkpoint" / "step-2", tmp_path / "checkpoint" / "step-4")
-    error = _resume_error(small_checkpoint, tmp_path, "--checkpoint.load_step", "2")
+def test_newer_checkpoint_of_another_run_is_never_overwritten(resume_errors):
+    error = resume_errors["newer_than_load_step"][0]
     assert "holds step-4, newer than step-2" in error and "--checkpoint.overwrite" in error
-    error = _resume_error(small_checkpoint, tmp_path, "--checkpoint.load_step", "3")
-    assert "load_step = 3" in error
+    assert "load_step = 3" in resume_errors["missing_load_step"][0]
 
 
 @pytest.mark.slow

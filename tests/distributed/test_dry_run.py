@@ -4,21 +4,27 @@ import json
 import subprocess
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, check, clean_env, torchrun
+from helpers import DEBUG_CONFIG, ROOT, check, clean_env, dry_run, torchrun
 
 from titanlite.config import loader as config
 from titanlite.planning.dry_run import plan
 
 
-def _dry(*argv: str) -> subprocess.CompletedProcess:
+def _shell(*argv: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", "run_train.sh", "--dry-run", *argv],
+        ["bash", "run_train.sh", *argv],
         cwd=ROOT,
-        env=clean_env(),
+        env=clean_env(**env),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def _dry(*argv: str) -> subprocess.CompletedProcess:
+    """The plan as `./run_train.sh --dry-run` prints it, made in this process (the shell's own
+    path is proven by test_run_train_sh_dry_run_plans_and_refuses_like_a_launch)."""
+    return dry_run(*argv)
 
 
 @pytest.mark.parametrize(
@@ -164,23 +170,21 @@ def test_float8_plan_builds_the_nccl_only_paths():
         assert line in proc.stdout
 
 
-def test_impossible_layout_is_the_same_one_line_error_as_a_real_launch():
-    proc = _dry("--config", "llama_70b.toml", "--dry-run.world_size", "100")
+def test_run_train_sh_dry_run_plans_and_refuses_like_a_launch():
+    """Through run_train.sh: a preset named bare plans, and an impossible layout is the same
+    one-line error (exit 2) as a real launch's."""
+    proc = _shell("--dry-run", "--config", "llama_8b.toml", "--dry-run.world_size", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert "mesh                 dp_shard=64" in proc.stdout and "FITS" in proc.stdout
+    proc = _shell("--dry-run", "--config", "llama_70b.toml", "--dry-run.world_size", "100")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "titanlite: error: world size 100 is not divisible by data_parallel_replicate_degree (1) "
         "x tensor_parallel_degree (8); change the degrees or the number of processes (NGPU)"
     )
     bad = ["--config", str(DEBUG_CONFIG), "--parallelism.tensor_parallel_degree", "3"]
-    dry = _dry(*bad, "--dry-run.world_size", "6")
-    real = subprocess.run(
-        ["bash", "run_train.sh", *bad],
-        cwd=ROOT,
-        env=clean_env(NGPU="6"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    dry = _shell("--dry-run", *bad, "--dry-run.world_size", "6")
+    real = _shell(*bad, NGPU="6")
     assert dry.returncode == real.returncode == 2
     assert dry.stderr.strip() == real.stderr.strip().splitlines()[-1]
     assert "n_heads = 16 is not divisible by parallelism.tensor_parallel_degree = 3" in dry.stderr

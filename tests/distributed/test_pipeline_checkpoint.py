@@ -2,8 +2,11 @@
 FSDP 2 run resumes bit-exactly on its own layout and continues on one process, on FSDP 4 and on
 PP 4 within 1e-4; a one-process checkpoint continues on PP 2 x TP 2."""
 
+from pathlib import Path
+
 import pytest
-from helpers import LAYOUTS, copy_step, losses_by_step, read_jsonl, train
+from helpers import CHECKPOINTED_RUN, LAYOUTS, copy_step, losses_by_step, read_jsonl
+from trainer_jobs import TrainerJobs
 
 from titanlite.components.checkpoint.storage import complete_steps
 
@@ -32,31 +35,46 @@ def assert_continues(reference, folder, exact: bool = False) -> None:
 
 
 @pytest.fixture(scope="module")
-def saved_pp2_fsdp2(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("saved_pp2_fsdp2")
-    nproc, args = PP_LAYOUTS["pp2_fsdp2"]
-    train(nproc, folder, *args, *RUN)
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """{name: dump folder}: the saves (one process; PP 2 x FSDP 2, with the PP 2 x TP 2 resume
+    of the one-process save), then the resumes of copies of PP 2 x FSDP 2's step 4, in one
+    process group per world size and phase."""
+    root = tmp_path_factory.mktemp("pipeline_checkpoints")
+    folders: dict[str, Path] = {}
+    phases = [
+        (1, {"save_one": "one"}, {}),
+        (4, {"save_pp2_fsdp2": "pp2_fsdp2"}, {"one_to_pp2_tp2": ("save_one", "pp2_tp2")}),
+        (4, {}, {f"to_{t}": ("save_pp2_fsdp2", t) for t in ("pp2_fsdp2", "fsdp4", "pp4")}),
+        (1, {}, {"to_one": ("save_pp2_fsdp2", "one")}),
+    ]
+    for i, (nproc, saves, resumes) in enumerate(phases):
+        group = TrainerJobs(nproc, root / f"phase{i}")
+        group.folder.mkdir()
+        for name, layout in saves.items():
+            folders[name] = group.add(name, [*CHECKPOINTED_RUN, *PP_LAYOUTS[layout][1], *RUN])
+        for name, (src, layout) in resumes.items():
+            folders[name] = group.add(name, [*CHECKPOINTED_RUN, *PP_LAYOUTS[layout][1], *RUN])
+            copy_step(folders[src], 4, folders[name])
+        group.run()
+        for name in group.jobs:
+            assert group.result(name)["resumed_from"] == (4 if name in resumes else None)
+    return folders
+
+
+@pytest.mark.slow
+def test_pipeline_stages_save_and_log_their_memory(runs):
+    folder = runs["save_pp2_fsdp2"]
     assert complete_steps(folder / "checkpoint") == [4, 8]
     for record in read_jsonl(folder / "metrics.jsonl"):  # each stage's peak memory is logged
         assert len(record["memory_gib_stages"]) == 2 and min(record["memory_gib_stages"]) > 0
-    return folder
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["pp2_fsdp2", "one", "fsdp4", "pp4"])
-def test_pp2_fsdp2_checkpoint_resumes_on_its_layout_and_others(saved_pp2_fsdp2, tmp_path, target):
-    copy_step(saved_pp2_fsdp2, 4, tmp_path)
-    nproc, args = PP_LAYOUTS[target]
-    proc = train(nproc, tmp_path, *args, *RUN)
-    assert "resuming at step 4" in proc.stderr
-    assert_continues(saved_pp2_fsdp2, tmp_path, exact=target == "pp2_fsdp2")
+def test_pp2_fsdp2_checkpoint_resumes_on_its_layout_and_others(runs, target):
+    assert_continues(runs["save_pp2_fsdp2"], runs[f"to_{target}"], exact=target == "pp2_fsdp2")
 
 
 @pytest.mark.slow
-def test_one_process_checkpoint_continues_on_pp2_tp2(tmp_path):
-    one, target = tmp_path / "one", tmp_path / "target"
-    train(1, one, *PP_LAYOUTS["one"][1], *RUN)
-    copy_step(one, 4, target)
-    nproc, args = PP_LAYOUTS["pp2_tp2"]
-    train(nproc, target, *args, *RUN)
-    assert_continues(one, target)
+def test_one_process_checkpoint_continues_on_pp2_tp2(runs):
+    assert_continues(runs["save_one"], runs["one_to_pp2_tp2"])
