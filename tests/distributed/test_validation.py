@@ -1,13 +1,14 @@
-"""Training on prepared shards with a validation loss, under torchrun on gloo: training and
-validation losses are the same on one process, on FSDP 2 x TP 2, PP 2 x FSDP 2 and CP 2 x FSDP 2,
-and the validation loss reaches metrics.jsonl and TensorBoard; a corrupted shard stops the run at
-start, naming it."""
+"""Training on prepared shards with a validation loss, on gloo: training and validation losses
+are the same on one process and on FSDP 2 x TP 2, PP 2 x FSDP 2 and CP 2 x FSDP 2 (these three
+in one process group), and the validation loss reaches metrics.jsonl and TensorBoard; a
+corrupted shard stops the run at start, naming it."""
 
 import subprocess
 import sys
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, check, clean_env, read_jsonl, torchrun
+from helpers import DEBUG_CONFIG, ROOT, check, clean_env, read_jsonl
+from trainer_jobs import TrainerJobs
 
 from titanlite.data.prepare import prepare
 
@@ -23,11 +24,11 @@ def shards(tmp_path_factory):
 
 
 def _args(folder, shards, *extra):
+    """The run's arguments; its dump folder `folder` (None: left to TrainerJobs)."""
     return [
         "--config",
         str(DEBUG_CONFIG),
-        "--job.dump_folder",
-        str(folder),
+        *(["--job.dump_folder", str(folder)] if folder else []),
         "--training.dataset_path",
         str(shards),
         "--training.steps",
@@ -85,11 +86,13 @@ LAYOUTS = {
 def test_validation_loss_is_the_same_on_one_process_and_on_4_rank_layouts(shards, tmp_path):
     one = tmp_path / "one"
     check(_one_process(_args(one, shards, "--training.local_batch_size", "8")))
+    group = TrainerJobs(4, tmp_path)
     for name, extra in LAYOUTS.items():
-        args = _args(tmp_path / name, shards, *extra, "--metrics.enable_tensorboard", "false")
-        proc = check(torchrun(4, ["-m", "titanlite.train"], args))
+        group.add(name, _args(None, shards, *extra, "--metrics.enable_tensorboard", "false"))
+    group.run()
+    for name in LAYOUTS:
         # Tokens seen count each sequence once, however many ranks share it (TP, PP, CP).
-        assert f"training done: 4 steps, {4 * 8 * 64:,} tokens" in proc.stderr, name
+        assert group.result(name)["tokens_seen"] == 4 * 8 * 64, name
     val, train = {}, {}
     for name in ("one", *LAYOUTS):
         records = read_jsonl(tmp_path / name / "metrics.jsonl")

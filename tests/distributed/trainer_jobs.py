@@ -9,7 +9,7 @@ imports and gloo's connections are paid once per world size instead of once per 
 Each job goes the way `python -m titanlite.train` goes (preflight, Trainer, the seed checkpoint
 or train(), close) on a group the ranks made before the first job (helpers.spawn), which the
 trainer therefore leaves alone. Rank 0 saves each job's result: every step's loss and gradient
-norm, the step it resumed from and, with `record`, the full gradients of step 1 (after clipping,
+norm, the step it resumed from, the tokens it has seen and, with `record`, the full gradients of step 1 (after clipping,
 as the optimizer saw them) and the full final weights, gathered from shards and pipeline stages.
 A job that fails ends the group: the jobs after it have no result, and result() says why.
 """
@@ -107,7 +107,7 @@ def run_job(argv: list[str], record: bool) -> dict:
     distributed.set_timeout(job.comm.init_timeout_seconds)
     trainer = Trainer(job, pre)
     try:
-        result: dict = {"resumed_from": trainer.checkpointer.resumed_from}
+        result: dict = {"resumed_from": trainer.checkpointer.resumed_from, "tokens_seen": 0}
         if job.checkpoint.create_seed_checkpoint:
             trainer.save_seed_checkpoint()
             return result
@@ -115,6 +115,7 @@ def run_job(argv: list[str], record: bool) -> dict:
         if record:
             trainer.train_step = first  # type: ignore[assignment]
         records = trainer.train()
+        result["tokens_seen"] = trainer.train_state.tokens_seen
         result["losses"] = [r["loss"] for r in records]
         result["grad_norms"] = [r["grad_norm"] for r in records]
         if record:
