@@ -191,6 +191,12 @@ def test_layout_matches_single_process(world, name):
     _close(result["grad_norms"], baseline["grad_norms"], "grad norm")
     # Step 1 starts from the same weights on the same batch: every parameter's gradient, as
     # the trainer's step left it for the optimizer, equals one process's.
+    # Every replica of a replicated parameter (DDP, HSDP's replicas, TP-replicated norms) and of
+    # its gradient is the same on every rank that holds one: no rank trains a model of its own.
+    assert not result["grads_differ"] and not result["weights_differ"], (
+        result["grads_differ"],
+        result["weights_differ"],
+    )
     grad_error, grad_param = _worst(result["grads"], baseline["grads"])
     weight_error, weight_param = _worst(result["weights"], baseline["weights"])
     print(

@@ -9,8 +9,9 @@ imports and gloo's connections are paid once per world size instead of once per 
 Each job goes the way `python -m titanlite.train` goes (preflight, Trainer, the seed checkpoint
 or train(), close) on a group the ranks made before the first job (helpers.spawn), which the
 trainer therefore leaves alone. Rank 0 saves each job's result: every step's loss and gradient
-norm, the step it resumed from, the tokens it has seen and, with `record`, the full gradients of step 1 (after clipping,
-as the optimizer saw them) and the full final weights, gathered from shards and pipeline stages.
+norm, the step it resumed from, the tokens it has seen and, with `record`, the full gradients
+of step 1 (after clipping, as the optimizer saw them) and the full final weights, gathered from
+shards and pipeline stages, with the names of those whose copies on different ranks differ.
 A job that fails ends the group: the jobs after it have no result, and result() says why.
 """
 
@@ -69,9 +70,11 @@ def _clean(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-def full_tensors(model: torch.nn.Module, what: str) -> dict[str, torch.Tensor]:
-    """Every parameter's (what="param") or gradient's (what="grad") full value on every rank,
-    merged over pipeline stages. Collective: every rank calls it in step."""
+def full_tensors(model: torch.nn.Module, what: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Every parameter's (what="param") or gradient's (what="grad") full value, merged over
+    pipeline stages, and the names whose copies differ between the ranks that hold one (a
+    replicated parameter, under DDP or a TP-replicated norm, is each rank's own copy; a sharded
+    one is gathered). Collective: every rank calls it in step."""
     mine = {}
     for name, p in model.named_parameters():
         value = p if what == "param" else p.grad
@@ -82,9 +85,13 @@ def full_tensors(model: torch.nn.Module, what: str) -> dict[str, torch.Tensor]:
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     merged: dict[str, torch.Tensor] = {}
+    differ: set[str] = set()
     for part in everyone:
-        merged.update(part)
-    return merged
+        for name, value in part.items():
+            if name in merged and not torch.equal(merged[name], value):
+                differ.add(name)
+            merged.setdefault(name, value)
+    return merged, sorted(differ)
 
 
 class FirstStepGradients:
@@ -93,11 +100,12 @@ class FirstStepGradients:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer, self.step = trainer, trainer.train_step
         self.grads: dict[str, torch.Tensor] | None = None
+        self.differ: list[str] = []
 
     def __call__(self, microbatches):
         out = self.step(microbatches)
         if self.grads is None:
-            self.grads = full_tensors(self.trainer.model, "grad")
+            self.grads, self.differ = full_tensors(self.trainer.model, "grad")
         return out
 
 
@@ -119,8 +127,8 @@ def run_job(argv: list[str], record: bool) -> dict:
         result["losses"] = [r["loss"] for r in records]
         result["grad_norms"] = [r["grad_norm"] for r in records]
         if record:
-            result["grads"] = first.grads
-            result["weights"] = full_tensors(trainer.model, "param")
+            result["grads"], result["grads_differ"] = first.grads, first.differ
+            result["weights"], result["weights_differ"] = full_tensors(trainer.model, "param")
         return result
     finally:
         trainer.close()
