@@ -1,12 +1,7 @@
-"""Train one real step under torchrun and write each rank's parameter, gradient and optimizer
-bytes (as the dry run counts them) to OUT.rank<R>.json.
-
-    torchrun --nproc_per_node N tests/distributed/state_bytes_worker.py OUT [--section.key value ...]
-"""
+"""Train one real step and write each rank's parameter, gradient and optimizer bytes (as the dry
+run counts them) to OUT.rank<R>.json: `helpers.spawn(write_state_bytes, N, OUT, argv)`."""
 
 import json
-import os
-import sys
 
 import torch.distributed as dist
 
@@ -15,9 +10,8 @@ from titanlite.preflight import checks as preflight
 from titanlite.trainer.trainer import Trainer
 
 
-def main() -> None:
-    out, argv = sys.argv[1], sys.argv[2:]
-    job, pre = preflight.run(argv, int(os.environ.get("WORLD_SIZE", "1")))
+def write_state_bytes(rank: int, world_size: int, out: str, argv: list[str]) -> None:
+    job, pre = preflight.run(argv, world_size)
     trainer = Trainer(job, pre)
     try:
         trainer.train_step(trainer.next_microbatches(iter(trainer.dataloader)))
@@ -26,7 +20,3 @@ def main() -> None:
             json.dump(sizes, f)
     finally:
         trainer.close()
-
-
-if __name__ == "__main__":
-    main()

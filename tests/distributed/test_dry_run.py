@@ -4,7 +4,8 @@ import json
 import subprocess
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, check, clean_env, dry_run, torchrun
+from helpers import DEBUG_CONFIG, ROOT, clean_env, dry_run, spawn
+from state_bytes_worker import write_state_bytes
 
 from titanlite.config import loader as config
 from titanlite.planning.dry_run import plan
@@ -252,9 +253,7 @@ def test_state_bytes_equal_a_real_gloo_run(tmp_path, nproc, extra):
         str(tmp_path),
         *extra,
     ]
-    check(
-        torchrun(nproc, ["tests/distributed/state_bytes_worker.py", str(tmp_path / "sizes")], args)
-    )
+    spawn(write_state_bytes, nproc, str(tmp_path / "sizes"), args)
     job = config.load(args)
     for rank in range(nproc):
         real = json.loads((tmp_path / f"sizes.rank{rank}.json").read_text())

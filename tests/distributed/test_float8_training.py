@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 from helpers import TINY_RUN, losses_by_step
-from helpers import train as train_run
+from trainer_jobs import TrainerJobs
 
 pytest.importorskip("torchao")
 
@@ -30,24 +30,24 @@ F8_RUN = [
 FLOAT8 = ["--model.converters", "float8", "--float8.emulate", "true"]
 
 
-def train(nproc: int, folder, *overrides: str):
-    return train_run(nproc, folder, *F8_RUN, *overrides, base=TINY_RUN)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("float8")
-    high, low = base / "high", base / "float8"
-    train(4, high)
-    proc = train(4, low, *FLOAT8)
-    return high, low, proc
+    """The high-precision and the float8 run, in one 4-rank process group; rank 0's log."""
+    group = TrainerJobs(4, tmp_path_factory.mktemp("float8"))
+    high, low = (
+        group.add("high", [*TINY_RUN, *F8_RUN]),
+        group.add("float8", [*TINY_RUN, *F8_RUN, *FLOAT8]),
+    )
+    group.run()
+    group.result("float8")
+    return high, low, (group.folder / "rank0.log").read_text()
 
 
 @pytest.mark.slow
 def test_float8_fsdp2_tp2_tracks_high_precision(runs):
-    high, low, proc = runs
-    assert "float8: converting 14 of 15 Linear layers" in proc.stderr
-    assert "skipped output: matches filter_fqns entry 'output'" in proc.stderr
+    high, low, log = runs
+    assert "float8: converting 14 of 15 Linear layers" in log
+    assert "skipped output: matches filter_fqns entry 'output'" in log
     want, got = losses_by_step(high), losses_by_step(low)
     assert sorted(got) == sorted(want) == list(range(1, 31))
     worst = max(abs(got[s] - want[s]) / want[s] for s in got)
@@ -69,21 +69,15 @@ def test_float8_fsdp2_tp2_tracks_high_precision(runs):
 def test_checkpoints_move_between_float8_and_high_precision(runs, tmp_path, source, resume_args):
     high, low, _ = runs
     src = low if source == "float8" else high
-    shutil.copytree(src / "checkpoint" / "step-15", tmp_path / "checkpoint" / "step-15")
     # One process: the checkpoint also changes layout (FSDP 2 x TP 2 -> 1), which is cheaper here.
-    proc = train(
-        1,
-        tmp_path,
-        *resume_args,
-        "--training.steps",
-        "17",
-        "--parallelism.tensor_parallel_degree",
-        "1",
-        "--training.local_batch_size",
-        "16",
+    group = TrainerJobs(1, tmp_path)
+    one = ["--training.steps", "17", "--parallelism.tensor_parallel_degree", "1"]
+    folder = group.add(
+        "resumed", [*TINY_RUN, *F8_RUN, *resume_args, *one, "--training.local_batch_size", "16"]
     )
-    assert "resuming at step 15" in proc.stderr
-    got, want = losses_by_step(tmp_path), losses_by_step(src)
+    shutil.copytree(src / "checkpoint" / "step-15", folder / "checkpoint" / "step-15")
+    assert group.run().result("resumed")["resumed_from"] == 15
+    got, want = losses_by_step(folder), losses_by_step(src)
     assert sorted(got) == [16, 17]
     # Step 16's loss is computed on the saved weights (a shorter run only changes the learning
     # rate from step 16 on): it follows the run that wrote them to within float8's rounding,

@@ -1,4 +1,4 @@
-"""Hugging Face weights in and out of real training runs (torchrun, gloo):
+"""Hugging Face weights in and out of real training runs (gloo):
 `checkpoint.initial_load_in_hf` starts FSDP 2 x TP 2 where one process starts, and
 `checkpoint.last_save_in_hf` exports what the offline converter writes, byte for byte."""
 
@@ -9,8 +9,9 @@ import sys
 
 import pytest
 import torch
+from helpers import CHECKPOINTED_RUN, ROOT, check, clean_env, losses_by_step, make_hf_llama
 from helpers import LAYOUTS as ALL_LAYOUTS
-from helpers import ROOT, check, clean_env, losses_by_step, make_hf_llama, train
+from trainer_jobs import TrainerJobs
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -34,14 +35,17 @@ def test_hf_start_matches_across_layouts_and_final_export_is_the_converters(tmp_
     ]
     got = {}
     for name, (nproc, args) in LAYOUTS.items():
-        proc = train(nproc, tmp_path / name, *args, *hf_args)
-        assert "loaded model from Hugging Face folder" in proc.stderr
-        got[name] = losses_by_step(tmp_path / name)
+        group = TrainerJobs(nproc, tmp_path / f"group_{name}")
+        group.folder.mkdir()
+        folder = group.add(name, [*CHECKPOINTED_RUN, *args, *hf_args])
+        group.run().result(name)
+        assert "loaded model from Hugging Face folder" in (group.folder / "rank0.log").read_text()
+        got[name] = losses_by_step(folder)
     assert sorted(got["one"]) == list(range(1, STEPS + 1))
     for step, loss in got["one"].items():
         assert abs(got["fsdp2_tp2"][step] - loss) <= 1e-4, (step, got)
 
-    ckpt = tmp_path / "fsdp2_tp2" / "checkpoint"
+    ckpt = folder / "checkpoint"  # FSDP 2 x TP 2's
     exported, converted = ckpt / f"hf-step-{STEPS}", tmp_path / "converted"
     args = ["dcp-to-hf", str(ckpt / f"step-{STEPS}"), str(converted)]
     check(
