@@ -17,7 +17,7 @@ actions, memory-budget AC, per-document RoPE under SP and CP, the token counts t
 between ranks under documents, the 3-D PP x FSDP x TP case) and one representative of each
 parallelism (FSDP, DDP, HSDP, TP, CP, PP, AC, compile). test_grad_parity.py proves, with one
 forward/backward per layout, the layouts not repeated here: FSDP 4, TP 4, TP 2 without loss
-parallel, FSDP 2 x TP 2 (plain, accumulation, full and op AC, compiled with op AC, float8),
+parallel, FSDP 2 x TP 2 (plain, accumulation, full and op AC, float8),
 TP 2 and CP 2 compiled, FSDP 2 compiled, PP 2 with
 Interleaved1F1B and ZBVZeroBubble, PP 2 x FSDP 2, PP 2 x TP 2, CP 4, CP 2 contiguous, CP 2 x FSDP
 2, CP 2 x HSDP, CP 2 x TP 2 (with op AC) and PP 2 x CP 2. test_checkpoint.py resumes and

@@ -151,7 +151,7 @@ def test_sigusr1_checkpoints_requeues_and_resumes(slurm, two_rank_reference, tmp
     stopped = [ln for ln in text.splitlines() if "SIGUSR1: stopped after step" in ln]
     assert stopped, text[-5000:]
     step = int(stopped[0].split("after step ")[1].split(";")[0])
-    assert "requeued; it resumes from the checkpoint" in text
+    assert "requeueing SLURM job" in text and "resumes from the checkpoint when" in text
     assert "(restart 1)" in text and f"resuming at step {step}" in text
     for s in complete_steps(tmp_path / "checkpoint"):
         assert verify(tmp_path / "checkpoint" / f"step-{s}") == []

@@ -95,6 +95,9 @@ def requeue_slurm_job() -> bool:
         return False
     if task := os.environ.get("SLURM_ARRAY_TASK_ID"):
         job_id = f"{job_id}_{task}"
+    # Said before, not after: a successful requeue ends this allocation at once, and SLURM may
+    # kill this process before a line written after `scontrol` returns reaches the log.
+    logger.info(f"requeueing SLURM job {job_id}; it resumes from the checkpoint when rescheduled")
     proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if proc.returncode != 0:
         logger.warning(
@@ -102,5 +105,4 @@ def requeue_slurm_job() -> bool:
             f"{proc.stderr.strip() or proc.stdout.strip()}"
         )
         return False
-    logger.info(f"SLURM job {job_id} requeued; it resumes from the checkpoint when rescheduled")
     return True
