@@ -34,8 +34,6 @@ WORLD2 = {
     "tp2_no_loss_parallel": {"tp": 2, "opts": {"loss_parallel": False}},
     "fsdp2_accum2": {"dp_shard": 2, "microbatches": 2},
     "fsdp2_compile": {"dp_shard": 2, "opts": {"compile": True}},
-    # Refused by check_layout before the fix (backward crashed): kept to show it now holds.
-    "tp2_compile": {"tp": 2, "opts": {"compile": True}},
     # Pipeline parallel (torch.distributed.pipelining): a zero-bubble schedule computes the
     # input and weight gradients apart.
     "pp2_1f1b": {"pp": 2},
@@ -56,7 +54,7 @@ WORLD4 = {
     "fsdp2_tp2_ac_full": {**FSDP2_TP2, "opts": {"ac_mode": "full"}},
     "fsdp2_tp2_ac_op": {**FSDP2_TP2, "opts": AC_OP},
     # No compiled case here: one per parallelism family across this file and
-    # test_layout_parity.py (FSDP, TP and CP above; PP, and FSDP x TP under a memory budget,
+    # test_layout_parity.py (FSDP and CP above; PP, and FSDP x TP under a memory budget,
     # there, whose step-1 gradients are checked per parameter as here). Compile costs ~15 s per
     # graph on CPU, and with tensor parallel the graph caches are off.
     "fsdp2_tp2_float8": {**FSDP2_TP2, "float8": True},

@@ -18,7 +18,7 @@ between ranks under documents, the 3-D PP x FSDP x TP case) and one representati
 parallelism (FSDP, DDP, HSDP, TP, CP, PP, AC, compile). test_grad_parity.py proves, with one
 forward/backward per layout, the layouts not repeated here: FSDP 4, TP 4, TP 2 without loss
 parallel, FSDP 2 x TP 2 (plain, accumulation, full and op AC, float8),
-TP 2 and CP 2 compiled, FSDP 2 compiled, PP 2 with
+CP 2 compiled, FSDP 2 compiled, PP 2 with
 Interleaved1F1B and ZBVZeroBubble, PP 2 x FSDP 2, PP 2 x TP 2, CP 4, CP 2 contiguous, CP 2 x FSDP
 2, CP 2 x HSDP, CP 2 x TP 2 (with op AC) and PP 2 x CP 2. test_checkpoint.py resumes and
 reshards across one process, FSDP 2, TP 2, CP 2 and FSDP 2 x TP 2; test_float8_training.py
