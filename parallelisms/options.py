@@ -27,3 +27,13 @@ class ParallelizeOptions:
     # Context parallel: the cutter the trainer shards batches with and the blocks read positions
     # from (None without cp).
     sequence_shards: SequenceShards | None = None
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    schedule: str = "1F1B"
+    schedule_csv: str = ""
+    microbatch_size: int = 1
+    layers_per_stage: int | None = None
+    first_stage_less_layers: int = 1
+    last_stage_less_layers: int = 1

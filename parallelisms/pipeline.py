@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import csv
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -33,19 +32,10 @@ from torch.distributed.pipelining.schedules import (
     get_schedule_class,
 )
 
+from parallelisms.options import PipelineOptions
 from parallelisms.parallel_dims import LayoutError
 
 V_SCHEDULES = ("zbvzerobubble", "dualpipev")  # two stages per rank, folded back
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    schedule: str = "1F1B"
-    schedule_csv: str = ""
-    microbatch_size: int = 1
-    layers_per_stage: int | None = None
-    first_stage_less_layers: int = 1
-    last_stage_less_layers: int = 1
 
 
 def schedule_class(name: str) -> type:

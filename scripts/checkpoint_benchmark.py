@@ -66,7 +66,7 @@ def run(a: argparse.Namespace) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     from models.llama import num_params
-    from titanlite.components.checkpoint.storage import step_dir
+    from titanlite.components.checkpoint.folder import step_dir
     from titanlite.preflight import checks as preflight
     from titanlite.trainer.trainer import Trainer
 

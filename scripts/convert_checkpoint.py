@@ -24,11 +24,8 @@ from pathlib import Path
 
 import torch
 
-from titanlite.components.checkpoint.storage import (
-    CheckpointError,
-    load_full_state_dict,
-    save_full_state_dict,
-)
+from titanlite.components.checkpoint.folder import CheckpointError
+from titanlite.components.checkpoint.storage import load_full_state_dict, save_full_state_dict
 from titanlite.config.loader import ConfigError
 from titanlite.core.dtypes import DTYPES
 from titanlite.core.errors import report

@@ -62,7 +62,9 @@ def measure(world: int, tp: int, seq_len: int) -> dict[str, int]:
     """On this rank: build, take one step, count local bytes (process group already up)."""
     import torch
 
-    from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
+    from parallelisms import ParallelDims, ParallelizeOptions
+    from parallelisms.llama import parallelize_llama
+    from parallelisms.tensor_parallel import loss_context
     from titanlite.components.loss import cross_entropy_loss
     from titanlite.components.optim import build_optimizer, clip_grad_norm_
     from titanlite.families import get_family

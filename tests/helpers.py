@@ -143,7 +143,7 @@ def run_python(args: list[str], timeout: int = 600, **env: str) -> subprocess.Co
 
 def wait_for_step(folder: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Until `folder` holds a complete checkpoint of `step` or later (the run still going)."""
-    from titanlite.components.checkpoint.storage import complete_steps
+    from titanlite.components.checkpoint.folder import complete_steps
 
     deadline = time.time() + timeout
     while not any(s >= step for s in complete_steps(folder / "checkpoint")):

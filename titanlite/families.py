@@ -15,9 +15,8 @@ from torch import nn
 
 from models import ModelSpec, llama
 from models.spec import Estimator, HFAdapter
-from parallelisms import Meshes, ParallelDims, ParallelizeOptions, parallelize_llama
+from parallelisms import Meshes, ParallelDims, ParallelizeOptions
 from parallelisms.float8 import ConversionPlan
-from parallelisms.pipeline import stage_models
 from titanlite.config.schema import JobConfig
 
 ParallelizeFn = Callable[
@@ -48,9 +47,27 @@ class ModelFamily:
         return type(next(iter(self.model.flavors.values()))).from_dict(d)
 
 
+# The parallelize and split functions are imported when a model is built, not when preflight
+# reads a flavor: FSDP, DTensor and pipelining take ~1.8 s to import, on every launch.
+def _parallelize_llama(
+    model: nn.Module, dims: ParallelDims, meshes: Meshes, opts: ParallelizeOptions
+) -> ConversionPlan | None:
+    from parallelisms.llama import parallelize_llama
+
+    return parallelize_llama(model, dims, meshes, opts)
+
+
+def _stage_models(model: nn.Module, blocks: list[list[int]], ids: list[int]) -> list[nn.Module]:
+    from parallelisms.pipeline import stage_models
+
+    return stage_models(model, blocks, ids)
+
+
 FAMILIES: dict[str, ModelFamily] = {
     f.name: f
-    for f in (ModelFamily(llama.SPEC, parallelize_llama, stage_models, llama.ESTIMATOR, llama.HF),)
+    for f in (
+        ModelFamily(llama.SPEC, _parallelize_llama, _stage_models, llama.ESTIMATOR, llama.HF),
+    )
 }
 # The family of a manifest or config that names none (config/schema.py's default model.name).
 DEFAULT_FAMILY = JobConfig().model.name

@@ -87,8 +87,10 @@ def reference_grads(float8: bool, splits: int = 1) -> dict[str, torch.Tensor]:
 
 def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     from models.llama import Transformer
-    from parallelisms import ParallelDims, ParallelizeOptions, loss_context, parallelize_llama
+    from parallelisms import ParallelDims, ParallelizeOptions
     from parallelisms.context_parallel import SequenceShards
+    from parallelisms.llama import parallelize_llama
+    from parallelisms.tensor_parallel import loss_context
     from titanlite.components.loss import cross_entropy_loss, local_batch, model_kwargs
 
     args = _model_args()
@@ -144,7 +146,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
 def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, window=None):
     """Forward and backward through the stages and schedule the trainer builds; returns this
     rank's stages as one module (their parameters under the whole model's names)."""
-    from parallelisms import loss_context, parallelize_llama
+    from parallelisms.llama import parallelize_llama
     from parallelisms.pipeline import (
         ModelParts,
         PipelineOptions,
@@ -154,6 +156,7 @@ def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, wind
         stage_ids,
         stage_models,
     )
+    from parallelisms.tensor_parallel import loss_context
     from titanlite.components.loss import cross_entropy_sum
 
     pipe = PipelineOptions(schedule)

@@ -26,7 +26,8 @@ from helpers import (
 )
 from trainer_jobs import TrainerJobs
 
-from titanlite.components.checkpoint.storage import complete_steps, load_full_state_dict
+from titanlite.components.checkpoint.folder import complete_steps
+from titanlite.components.checkpoint.storage import load_full_state_dict
 
 
 def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
@@ -43,16 +44,16 @@ def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
 
 # The runs that save: name -> (layout, steps, checkpoint interval, extra arguments).
 SAVES = {
-    "full_one": ("one", 10, 5, ()),
-    "full_fsdp2": ("fsdp2", 10, 5, ()),
-    "save_one": ("one", 8, 4, ()),
-    "save_cp2": ("cp2", 8, 4, ()),
-    "save_2x2": ("fsdp2_tp2", 8, 4, ()),
+    "full_one": ("one", 6, 3, ()),
+    "full_fsdp2": ("fsdp2", 6, 3, ()),
+    "save_one": ("one", 6, 3, ()),
+    "save_cp2": ("cp2", 6, 3, ()),
+    "save_2x2": ("fsdp2_tp2", 6, 3, ()),
     "small": ("one", 2, 2, ()),  # what the damage and overwrite tests copy
     **{
         f"retention_{mode}": (
             "fsdp2",
-            8,
+            6,
             2,
             ("--checkpoint.async_mode", mode, "--checkpoint.keep_latest_k", "2"),
         )
@@ -69,17 +70,17 @@ SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.se
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
 # steps, interval).
 RESUMES = {
-    "resumed_one": ("full_one", 5, "one", 10, 5),
-    "resumed_fsdp2": ("full_fsdp2", 5, "fsdp2", 10, 5),
-    "2x2_to_one": ("save_2x2", 4, "one", 8, 4),
-    "2x2_to_fsdp2": ("save_2x2", 4, "fsdp2", 8, 4),
-    "2x2_to_tp2": ("save_2x2", 4, "tp2", 8, 4),
-    "2x2_to_cp2": ("save_2x2", 4, "cp2", 8, 4),
+    "resumed_one": ("full_one", 3, "one", 6, 3),
+    "resumed_fsdp2": ("full_fsdp2", 3, "fsdp2", 6, 3),
+    "2x2_to_one": ("save_2x2", 3, "one", 6, 3),
+    "2x2_to_fsdp2": ("save_2x2", 3, "fsdp2", 6, 3),
+    "2x2_to_tp2": ("save_2x2", 3, "tp2", 6, 3),
+    "2x2_to_cp2": ("save_2x2", 3, "cp2", 6, 3),
     # CP is invisible in a checkpoint: its ranks hold FSDP shards of the same parameters and
     # the same data loader position, which DCP reshards like any other layout's.
-    "cp2_to_one": ("save_cp2", 4, "one", 8, 4),
-    "cp2_to_fsdp2": ("save_cp2", 4, "fsdp2", 8, 4),
-    "one_to_2x2": ("save_one", 4, "fsdp2_tp2", 8, 4),
+    "cp2_to_one": ("save_cp2", 3, "one", 6, 3),
+    "cp2_to_fsdp2": ("save_cp2", 3, "fsdp2", 6, 3),
+    "one_to_2x2": ("save_one", 3, "fsdp2_tp2", 6, 3),
     "seed_one": ("seed", 0, "one", 1, 100),
     "seed_2x2": ("seed", 0, "fsdp2_tp2", 1, 100),
 }
@@ -133,21 +134,21 @@ def _folder(runs: dict[str, TrainerJobs], name: str) -> Path:
 @pytest.mark.parametrize("layout", ["one", "fsdp2"])
 def test_resume_is_bit_exact(runs, layout):
     full, resumed = _folder(runs, f"full_{layout}"), _folder(runs, f"resumed_{layout}")
-    assert complete_steps(full / "checkpoint") == [5, 10]
-    assert runs[f"resumed_{layout}"].result(f"resumed_{layout}")["resumed_from"] == 5
+    assert complete_steps(full / "checkpoint") == [3, 6]
+    assert runs[f"resumed_{layout}"].result(f"resumed_{layout}")["resumed_from"] == 3
     want, got = losses_by_step(full), losses_by_step(resumed)
-    assert sorted(got) == list(range(6, 11))
-    assert all(got[s] == want[s] for s in range(6, 11)), (want, got)  # bit-identical
+    assert sorted(got) == [4, 5, 6]
+    assert all(got[s] == want[s] for s in got), (want, got)  # bit-identical
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [k for k in RESUMES if "_to_" in k])
 def test_resharded_resume_matches_the_saved_run(runs, name):
-    """Resume a run's step 4 (of 8) on another layout: steps 5-8 within 1e-4 of the run's."""
+    """Resume a run's step 3 (of 6) on another layout: steps 4-6 within 1e-4 of the run's."""
     src = RESUMES[name][0]
     want, got = losses_by_step(_folder(runs, src)), losses_by_step(_folder(runs, name))
-    assert runs[name].result(name)["resumed_from"] == 4
-    assert sorted(got) == [5, 6, 7, 8]
+    assert runs[name].result(name)["resumed_from"] == 3
+    assert sorted(got) == [4, 5, 6]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
 
@@ -157,14 +158,14 @@ def test_async_save_equals_sync_save_and_retention(runs):
     sync, asyn = _folder(runs, "retention_disabled"), _folder(runs, "retention_async")
     for folder in (sync, asyn):
         deadline = time.time() + 30  # retention deletes in the background
-        while complete_steps(folder / "checkpoint") != [6, 8] and time.time() < deadline:
+        while complete_steps(folder / "checkpoint") != [4, 6] and time.time() < deadline:
             time.sleep(0.2)
-        assert complete_steps(folder / "checkpoint") == [6, 8]
-    a = load_full_state_dict(sync / "checkpoint" / "step-8")
-    b = load_full_state_dict(asyn / "checkpoint" / "step-8")
+        assert complete_steps(folder / "checkpoint") == [4, 6]
+    a = load_full_state_dict(sync / "checkpoint" / "step-6")
+    b = load_full_state_dict(asyn / "checkpoint" / "step-6")
     _assert_same(a, b)
-    manifest = json.loads((asyn / "checkpoint" / "step-8" / "manifest.json").read_text())
-    assert manifest["step"] == 8 and manifest["world_size"] == 2 and len(manifest["files"]) == 3
+    manifest = json.loads((asyn / "checkpoint" / "step-6" / "manifest.json").read_text())
+    assert manifest["step"] == 6 and manifest["world_size"] == 2 and len(manifest["files"]) == 3
 
 
 def _assert_same(a, b, path=""):

@@ -4,7 +4,8 @@ import torch
 from helpers import spawn
 
 from models.llama import FLAVORS, Transformer
-from parallelisms import ParallelDims, ParallelizeOptions, parallelize_llama
+from parallelisms import ParallelDims, ParallelizeOptions
+from parallelisms.llama import parallelize_llama
 from titanlite.components.optim import clip_grad_norm_
 
 ARGS = FLAVORS["debugmodel"].with_overrides(vocab_size=512, n_layers=2, max_seq_len=32)

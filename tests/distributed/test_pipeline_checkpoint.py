@@ -8,7 +8,7 @@ import pytest
 from helpers import CHECKPOINTED_RUN, LAYOUTS, copy_step, losses_by_step, read_jsonl
 from trainer_jobs import TrainerJobs
 
-from titanlite.components.checkpoint.storage import complete_steps
+from titanlite.components.checkpoint.folder import complete_steps
 
 PP = ["--parallelism.pipeline_parallel_degree"]
 PP_LAYOUTS = {

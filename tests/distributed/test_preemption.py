@@ -22,7 +22,8 @@ from helpers import (
     wait_for_step,
 )
 
-from titanlite.components.checkpoint.storage import complete_steps, verify
+from titanlite.components.checkpoint.folder import complete_steps
+from titanlite.components.checkpoint.storage import verify
 from titanlite.core.errors import PREEMPTED
 
 STEPS, ARGS, losses = SHORT_RUN_STEPS, SHORT_RUN, losses_by_step

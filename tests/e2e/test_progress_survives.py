@@ -13,7 +13,8 @@ import time
 import pytest
 from helpers import DEBUG_CONFIG, ROOT, clean_env
 
-from titanlite.components.checkpoint.storage import complete_steps, verify
+from titanlite.components.checkpoint.folder import complete_steps
+from titanlite.components.checkpoint.storage import verify
 from titanlite.components.optim import lr_factor
 from titanlite.config.loader import load
 

@@ -24,7 +24,7 @@ from helpers import (
     wait_for_step,
 )
 
-from titanlite.components.checkpoint.storage import complete_steps
+from titanlite.components.checkpoint.folder import complete_steps
 
 pytest.importorskip("ray.train", reason="the ray extra (pip install -e '.[ray]')")
 

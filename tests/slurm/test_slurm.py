@@ -9,7 +9,8 @@ import time
 import pytest
 from helpers import ROOT, SHORT_RUN, SHORT_RUN_STEPS, check, clean_env, free_port, losses_by_step
 
-from titanlite.components.checkpoint.storage import complete_steps, verify
+from titanlite.components.checkpoint.folder import complete_steps
+from titanlite.components.checkpoint.storage import verify
 
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 # The script's #SBATCH lines are for a GPU cluster; these make it fit the emulated CPU nodes.

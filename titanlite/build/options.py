@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from parallelisms import ParallelDims, ParallelizeOptions
 from parallelisms.float8 import Float8Options
-from parallelisms.pipeline import PipelineOptions
+from parallelisms.options import PipelineOptions
 from titanlite.config.schema import JobConfig
 from titanlite.core.dtypes import DTYPES
 

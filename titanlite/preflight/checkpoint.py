@@ -23,21 +23,18 @@ def check_checkpoint(job: JobConfig, args) -> None:
     """The checkpoint to load: its files all there at the manifest's sizes (the CRC pass, which
     reads every byte, stays with the ranks), its `.metadata` readable by the restricted
     unpickler, and its model tensors the configured model's shapes."""
-    import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from titanlite.components.checkpoint.storage import (
-        CheckpointError,
-        read_manifest,
-        read_metadata,
-        verify,
-    )
-    from titanlite.families import get_family
-
     check_hf_options(job)
     path = checkpoint_to_load(job)
     if path is None:
         return
+    # Imported only when there is a checkpoint to read: DCP costs a fresh start ~1 s.
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from titanlite.components.checkpoint.folder import CheckpointError
+    from titanlite.components.checkpoint.storage import read_manifest, read_metadata, verify
+    from titanlite.families import get_family
+
     if job.checkpoint.initial_load_in_hf and path == Path(job.checkpoint.initial_load_path or ""):
         from titanlite.components.checkpoint.hf import HFFolder
 

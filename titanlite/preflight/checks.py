@@ -243,7 +243,7 @@ def check_output_paths(job: JobConfig) -> None:
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean "the user asked for something impossible", not a bug."""
     from parallelisms import LayoutError
-    from titanlite.components.checkpoint.storage import CheckpointError
+    from titanlite.components.checkpoint.folder import CheckpointError
     from titanlite.data import DatasetError, TokenizerError
 
     return (

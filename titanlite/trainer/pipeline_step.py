@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from parallelisms.pipeline import PipelineOptions, build_schedule
+from parallelisms.options import PipelineOptions
+from parallelisms.pipeline import build_schedule
 from titanlite.build.assemble import BuiltModel
 
 

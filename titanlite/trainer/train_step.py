@@ -20,8 +20,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from parallelisms import loss_context
 from parallelisms.context_parallel import SequenceShards
+from parallelisms.tensor_parallel import loss_context
 from titanlite.components.loss import IGNORE_INDEX, LocalBatch, local_batch, model_kwargs
 from titanlite.components.nonfinite import NonFiniteGuard
 from titanlite.components.optim import clip_grad_norm_

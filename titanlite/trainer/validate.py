@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from parallelisms import loss_context
 from parallelisms.context_parallel import SequenceShards
+from parallelisms.tensor_parallel import loss_context
 from titanlite.components.loss import (
     IGNORE_INDEX,
     ignore_boundary_targets,

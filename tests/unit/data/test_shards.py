@@ -292,8 +292,8 @@ def test_checks_name_the_shard_and_the_fix(prepared, tok, tmp_path, capsys):
 def test_checkpoint_of_the_other_reader_is_one_clear_error(prepared, tok, tmp_path):
     import torch.distributed.checkpoint as dcp
 
+    from titanlite.components.checkpoint.folder import CheckpointError
     from titanlite.components.checkpoint.manager import CheckpointManager
-    from titanlite.components.checkpoint.storage import CheckpointError
 
     text, shards = (
         _loaders(list_files(CORPUS), tok, 2, 1)[0],

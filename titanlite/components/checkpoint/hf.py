@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
 from models.spec import HFAdapter, HFConfigError
 from titanlite.components.checkpoint import record as run_record
+from titanlite.components.checkpoint.folder import CheckpointError
 from titanlite.components.checkpoint.safetensors import (
     Entry,
     SafetensorsWriter,
@@ -46,7 +47,6 @@ from titanlite.components.checkpoint.safetensors import (
     read_tensor,
 )
 from titanlite.components.checkpoint.storage import (
-    CheckpointError,
     SafeFileSystemReader,
     read_manifest,
     save_full_state_dict,

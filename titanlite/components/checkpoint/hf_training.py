@@ -27,9 +27,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from models import ModelArgs
+from titanlite.components.checkpoint.folder import CheckpointError
 from titanlite.components.checkpoint.hf import HFFolder, dcp_to_hf
 from titanlite.components.checkpoint.safetensors import read_rows
-from titanlite.components.checkpoint.storage import CheckpointError
 from titanlite.core.logging import logger
 
 

@@ -25,6 +25,12 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
 
+from titanlite.components.checkpoint.folder import (
+    CheckpointError,
+    complete_steps,
+    partial_dir,
+    step_dir,
+)
 from titanlite.components.checkpoint.record import model_differences, titanlite_version
 from titanlite.components.checkpoint.resume import resume_point
 from titanlite.components.checkpoint.states import (
@@ -35,15 +41,11 @@ from titanlite.components.checkpoint.states import (
     optimizer_saved_flattened,
 )
 from titanlite.components.checkpoint.storage import (
-    CheckpointError,
     ChecksummingWriter,
     SafeFileSystemReader,
     SafeLoadPlanner,
-    complete_steps,
-    partial_dir,
     read_manifest,
     read_metadata,
-    step_dir,
     verify,
     write_manifest,
 )

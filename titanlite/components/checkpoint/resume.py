@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanlite.components.checkpoint.storage import CheckpointError, complete_steps, step_dir
+from titanlite.components.checkpoint.folder import CheckpointError, complete_steps, step_dir
 from titanlite.config.schema import Checkpoint
 
 

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from titanlite.components.checkpoint.storage import CheckpointError
+from titanlite.components.checkpoint.folder import CheckpointError
 
 _ST_DTYPES = {
     torch.float64: "F64",

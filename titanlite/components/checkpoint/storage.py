@@ -12,7 +12,6 @@ import io
 import json
 import os
 import pickle
-import re
 import threading
 import warnings
 import zlib
@@ -29,34 +28,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from titanlite.components.checkpoint.folder import MANIFEST, CheckpointError
 from titanlite.core.io import atomic_write_text, file_crc32
-
-MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names the path and what is wrong."""
-
-
-def step_dir(folder: Path, step: int) -> Path:
-    return folder / f"step-{step}"
-
-
-def partial_dir(folder: Path, step: int) -> Path:
-    return folder / f".step-{step}.partial"
-
-
-def complete_steps(folder: Path) -> list[int]:
-    """Steps of the complete checkpoints in `folder`, oldest first."""
-    if not folder.is_dir():
-        return []
-    steps = []
-    for p in folder.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / MANIFEST).is_file():
-            steps.append(int(m.group(1)))
-    return sorted(steps)
 
 
 class _ChecksummingStream:

@@ -11,9 +11,9 @@ from typing import Any
 
 from torch import nn
 
+from titanlite.components.checkpoint.folder import step_dir
 from titanlite.components.checkpoint.hf_training import export_hf, load_hf_weights
 from titanlite.components.checkpoint.manager import CheckpointManager
-from titanlite.components.checkpoint.storage import step_dir
 from titanlite.components.clock import Clock
 from titanlite.config.schema import Checkpoint
 from titanlite.core.dtypes import DTYPES

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 
-from titanlite.components.checkpoint.storage import step_dir
+from titanlite.components.checkpoint.folder import step_dir
 from titanlite.components.preemption import StopRequest
 from titanlite.core.logging import logger
 from titanlite.trainer.callbacks.base import Callback

@@ -14,13 +14,13 @@ from helpers import ROOT, make_hf_llama
 from models.llama import FLAVORS, Transformer
 from models.llama import hf_mapping as hf
 from titanlite.components.checkpoint import hf as hf_checkpoint
+from titanlite.components.checkpoint.folder import MANIFEST
 from titanlite.components.checkpoint.record import (
     config_hash,
     model_config_record,
     model_differences,
 )
 from titanlite.components.checkpoint.storage import (
-    MANIFEST,
     load_full_state_dict,
     read_manifest,
     save_full_state_dict,

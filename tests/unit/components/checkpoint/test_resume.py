@@ -4,8 +4,8 @@ share: checkpoint.load_step, else the latest complete step, else checkpoint.init
 import pytest
 from helpers import DEBUG_CONFIG
 
+from titanlite.components.checkpoint.folder import MANIFEST, CheckpointError
 from titanlite.components.checkpoint.resume import resume_point
-from titanlite.components.checkpoint.storage import MANIFEST, CheckpointError
 from titanlite.config.loader import load
 from titanlite.preflight.checkpoint import checkpoint_to_load
 

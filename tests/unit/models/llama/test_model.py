@@ -166,13 +166,19 @@ def test_init_statistics():
     assert torch.equal(model.norm.weight, torch.ones(256))
 
 
-def test_family_registry_is_the_config_choices():
-    from parallelisms import parallelize_llama
+def test_family_registry_is_the_config_choices(monkeypatch):
+    import parallelisms.llama
+    import parallelisms.pipeline
     from titanlite.config.schema import Model
     from titanlite.families import FAMILIES
 
-    assert FAMILIES["llama3"].model.model_cls is Transformer
-    assert FAMILIES["llama3"].parallelize is parallelize_llama
+    family = FAMILIES["llama3"]
+    assert family.model.model_cls is Transformer
+    # The record imports its parallelize and split functions when first called.
+    monkeypatch.setattr(parallelisms.llama, "parallelize_llama", lambda *a: ("parallelize", a))
+    monkeypatch.setattr(parallelisms.pipeline, "stage_models", lambda *a: ("split", a))
+    assert family.parallelize(1, 2, 3, 4) == ("parallelize", (1, 2, 3, 4))
+    assert family.split_stages(1, 2, 3) == ("split", (1, 2, 3))
     # model.name's choices are written out in the schema (importing the families would import
     # torch into every config load): they must be exactly the registered families.
     assert set(Model.__dataclass_fields__["name"].metadata["choices"]) == set(FAMILIES)
