@@ -55,8 +55,23 @@ def test_bare_preset_name_resolves():
 
 
 def test_every_preset_loads():
-    for preset in sorted((ROOT / "train_configs").glob("*.toml")):
-        load("--config", str(preset))
+    """Every key a preset writes is the value the job runs with (none dropped or renamed on the
+    way), and its model is a valid one of its family."""
+    import tomllib
+
+    from titanlite.families import model_args
+
+    presets = sorted((ROOT / "train_configs").glob("*.toml"))
+    assert len(presets) >= 4, presets
+    for preset in presets:
+        cfg = load("--config", str(preset))
+        written = tomllib.loads(preset.read_text())
+        assert {"job", "model", "training", "parallelism"} <= set(written), preset.name
+        for section, keys in written.items():
+            for key, value in keys.items():
+                got = getattr(getattr(cfg, section), key)
+                assert got == value, (preset.name, section, key, value, got)
+        model_args(cfg, vocab_size=128256, bos_id=0).check()
 
 
 def test_pyproject_lists_every_package():
