@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+import torch.nn.attention.varlen  # noqa: F401  (registers torch_attn::_varlen_attn, saved below)
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     ActivationWrapper,
@@ -15,8 +16,12 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+import models.attention  # noqa: F401  (registers titanlite::document_attention, saved below)
+
 # Outputs worth keeping: they are the costly ones to recompute (matmuls, attention) or need
 # communication (reduce-scatter under tensor parallel).
+# Every attention kernel a block may run is listed: one missing is recomputed in backward, a
+# second attention forward per block (tests count them).
 _aten = torch.ops.aten
 _SAVE = {
     _aten.mm.default,
@@ -24,6 +29,9 @@ _SAVE = {
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.torch_attn._varlen_attn.default,
+    torch.ops.titanlite.document_attention.default,
+    torch.ops.higher_order.flex_attention,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     # float8 scaling reads the abs-max; recomputing it would change nothing but cost time.
     _aten.max.default,

@@ -122,10 +122,10 @@ def check_context_parallel(
             f"parallelism.context_parallel_rotate_method = {rotate_method!r} is not built; "
             "use 'allgather'"
         )
-    if attn_type != "sdpa":
+    if attn_type not in ("sdpa", "auto"):
         raise LayoutError(
-            "context parallel runs attention through masked SDPA; FlexAttention is not wired "
-            "for it: set model.attn_type = 'sdpa' (it applies the same masks)"
+            f"context parallel runs attention through masked SDPA; {attn_type!r} is not wired "
+            "for it: set model.attn_type = 'auto' or 'sdpa' (they apply the same masks)"
         )
     parts = cp * chunks_per_rank(load_balancer) * tp
     for name, seq in seq_lens.items():

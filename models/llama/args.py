@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from models.attention import ATTN_MASK_TYPES, ATTN_TYPES
+
 
 @dataclass(frozen=True)
 class LlamaArgs:
@@ -27,7 +29,7 @@ class LlamaArgs:
     # Attention kernel and mask (TorchTitan's names). "block_causal" lets a token attend only to
     # earlier tokens of its own document; documents start at each `bos_id` in the input, and a
     # window's tokens before its first BOS (a document cut by the window start) form one more.
-    attn_type: str = "sdpa"  # "sdpa" (scaled_dot_product_attention) or "flex" (FlexAttention)
+    attn_type: str = "sdpa"  # models.attention.ATTN_TYPES: "auto", "sdpa", "flex", "varlen"
     attn_mask_type: str = "causal"  # "causal" or "block_causal"
     # RoPE positions: "window" counts from the window start (TorchTitan); "document" restarts
     # at each document's first token. Under block_causal the two are the same function up to
@@ -104,8 +106,6 @@ class LlamaArgs:
             )
 
 
-ATTN_TYPES = ("sdpa", "flex")
-ATTN_MASK_TYPES = ("causal", "block_causal")
 ROPE_POSITIONS = ("window", "document")
 
 

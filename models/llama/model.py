@@ -1,12 +1,13 @@
 """Llama 3, written to read like the paper: RMSNorm, RoPE (with Llama 3.1 frequency scaling),
-grouped-query attention through scaled_dot_product_attention or FlexAttention, SwiGLU, an untied
-output head.
+grouped-query attention through the kernels of `models.attention`, SwiGLU, an untied output head.
 
 Attention masks (`args.attn_mask_type`): "causal", or "block_causal", where a token attends only
 to earlier tokens of its own document. Document boundaries come from the input tokens themselves
 (a document starts at each `args.bos_id`), so no data format carries them. The mask is built once
-per forward, before the blocks, and every block receives the same object: a boolean
-(batch, 1, seq, seq) tensor for SDPA, a `BlockMask` for FlexAttention.
+per forward, before the blocks, and every block receives the same object, the one its kernel
+(`args.attn_type`, "auto" resolved for the device and dtype) takes: `Documents` (the document
+starts) for "varlen", a `BlockMask` for FlexAttention, a boolean (batch, 1, seq, seq) tensor for
+masked SDPA, None for causal SDPA.
 
 RoPE positions (`args.rope_positions`): "window" counts from the window start; "document"
 restarts at each document's first token (computed once per forward, beside the mask). Under
@@ -20,14 +21,24 @@ work unchanged, and every sub-module has a stable name (`attention.wq`, `feed_fo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
 
+from models.attention import (
+    AttentionMask,
+    attend,
+    block_causal_block_mask,
+    block_causal_mask,
+    causal_block_mask,
+    choose_kernel,
+    document_ids,
+    document_positions,
+    documents,
+)
 from models.initialization import fill_trunc_normal_
 from models.llama.args import LlamaArgs
 
@@ -79,61 +90,7 @@ def apply_rope(
     return rotate(xq), rotate(xk)
 
 
-AttentionMask = torch.Tensor | BlockMask | None
 Positions = tuple[torch.Tensor, torch.Tensor]  # (query positions, key positions) in the window
-
-
-def document_ids(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """(batch, seq) -> the index of each token's document within its window: it counts the BOS
-    tokens up to and including the token, so tokens before the first BOS (a document that began
-    in an earlier window) are document 0."""
-    return (tokens == bos_id).cumsum(dim=-1)
-
-
-def document_positions(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """(batch, seq) -> each token's offset from its document's first token within the window;
-    the tokens before the first BOS count from the window start, as their document's earlier
-    tokens are not in the window."""
-    idx = torch.arange(tokens.shape[-1], device=tokens.device)
-    starts = torch.where(tokens == bos_id, idx, 0).cummax(dim=-1).values
-    return idx - starts
-
-
-def block_causal_mask(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """Boolean (batch, 1, seq, seq) mask, True where query i may attend to key j: j <= i and both
-    in the same document. The singleton dim broadcasts over the heads."""
-    docs = document_ids(tokens, bos_id)
-    seq = tokens.shape[-1]
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).tril()
-    return ((docs[:, :, None] == docs[:, None, :]) & causal)[:, None]
-
-
-def block_causal_block_mask(tokens: torch.Tensor, bos_id: int) -> BlockMask:
-    docs = document_ids(tokens, bos_id)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
-
-    batch, seq = tokens.shape
-    return create_block_mask(mask_mod, batch, None, seq, seq, device=tokens.device)
-
-
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-_compiled_flex: Callable[..., torch.Tensor] | None = None
-
-
-def _flex_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask
-) -> torch.Tensor:
-    # Compiled once per process, lazily: uncompiled FlexAttention materializes the whole score
-    # matrix (it exists for debugging), and compiling at import would cost every user of models/.
-    global _compiled_flex
-    if _compiled_flex is None:
-        _compiled_flex = cast(Callable[..., torch.Tensor], torch.compile(flex_attention))
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class RMSNorm(nn.Module):
@@ -157,13 +114,7 @@ class ScaledDotProductAttention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None
     ) -> torch.Tensor:
-        """`mask`: None (causal), a boolean tensor (SDPA) or a BlockMask (FlexAttention)."""
-        gqa = k.shape[1] != q.shape[1]  # SDPA repeats the shared key/value heads for GQA
-        if isinstance(mask, BlockMask):
-            return _flex_attention(q, k, v, mask)
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return attend(q, k, v, mask)
 
 
 class Attention(nn.Module):
@@ -179,7 +130,7 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, freqs: torch.Tensor, mask: AttentionMask = None
     ) -> torch.Tensor:
-        """`mask`: None (causal), a boolean tensor (SDPA) or a BlockMask (FlexAttention)."""
+        """`mask`: what `models.attention.attend` takes (None for causal)."""
         bs, seq, _ = x.shape
         q = self.wq(x).view(bs, seq, -1, self.head_dim)
         k = self.wk(x).view(bs, seq, -1, self.head_dim)
@@ -254,7 +205,6 @@ class Transformer(nn.Module):
         self.register_buffer(
             "freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False
         )
-        # FlexAttention's plain causal BlockMask depends only on the shape: built once per shape.
         self._causal_block_masks: dict[tuple[int, int, torch.device], BlockMask] = {}
 
     def attention_mask(
@@ -270,29 +220,42 @@ class Transformer(nn.Module):
         a = self.args
         if a.attn_mask_type == "block_causal" and a.bos_id < 0:
             raise ValueError("block_causal attention needs args.bos_id (the BOS token id)")
+        device = tokens.device.type
+        # Under autocast the blocks compute in its dtype, whatever the embedding's output is.
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else dtype
+        kernel = choose_kernel(
+            a.attn_type, a.attn_mask_type, device, compute, positions is not None
+        )
         if positions is not None:
-            if a.attn_type != "sdpa":
+            if kernel != "sdpa":
                 raise ValueError("attention between chosen positions needs attn_type = 'sdpa'")
-            queries, keys = positions
-            visible = queries[:, None] >= keys[None, :]
-            if a.attn_mask_type == "block_causal":
-                docs = document_ids(tokens, a.bos_id)
-                visible = visible & (docs[:, queries, None] == docs[:, None, keys])
-            visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
-            mask = torch.zeros(visible.shape, dtype=dtype, device=tokens.device)
-            return mask.masked_fill_(~visible, float("-inf"))
-        if a.attn_mask_type == "block_causal":
-            if a.attn_type == "flex":
-                return block_causal_block_mask(tokens, a.bos_id)
-            return block_causal_mask(tokens, a.bos_id)
-        if a.attn_type == "sdpa":
-            return None  # SDPA's is_causal needs no mask tensor
+            return self._positions_mask(tokens, positions, dtype)
+        if a.attn_mask_type == "causal":
+            return None if kernel in ("sdpa", "varlen") else self._causal_block_mask(tokens)
+        if kernel == "varlen":
+            return documents(tokens, a.bos_id)
+        if kernel == "flex":
+            return block_causal_block_mask(tokens, a.bos_id)
+        return block_causal_mask(tokens, a.bos_id)
+
+    def _positions_mask(
+        self, tokens: torch.Tensor, positions: Positions, dtype: torch.dtype
+    ) -> torch.Tensor:
+        queries, keys = positions
+        visible = queries[:, None] >= keys[None, :]
+        if self.args.attn_mask_type == "block_causal":
+            docs = document_ids(tokens, self.args.bos_id)
+            visible = visible & (docs[:, queries, None] == docs[:, None, keys])
+        visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
+        mask = torch.zeros(visible.shape, dtype=dtype, device=tokens.device)
+        return mask.masked_fill_(~visible, float("-inf"))
+
+    def _causal_block_mask(self, tokens: torch.Tensor) -> BlockMask:
+        # FlexAttention's plain causal BlockMask depends only on the shape: built once per shape.
         batch, seq = tokens.shape
         key = (batch, seq, tokens.device)
         if key not in self._causal_block_masks:
-            self._causal_block_masks[key] = create_block_mask(
-                _causal, batch, None, seq, seq, device=tokens.device
-            )
+            self._causal_block_masks[key] = causal_block_mask(batch, seq, tokens.device)
         return self._causal_block_masks[key]
 
     def rope_freqs(
@@ -340,7 +303,7 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
     def _mask_without_ids(self) -> AttentionMask:
-        if self.args.attn_mask_type != "causal" or self.args.attn_type != "sdpa":
+        if self.args.attn_mask_type != "causal" or self.args.attn_type == "flex":
             raise ValueError("a model without tok_embeddings needs `tokens` for its attention mask")
         return None
 

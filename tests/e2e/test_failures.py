@@ -427,6 +427,6 @@ def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
         got["seq_len"], 2, "training.seq_len = 90 is not divisible by 2 x context_parallel"
     )
     expect_one_line(got["alltoall"], 2, "context_parallel_rotate_method = 'alltoall' is not built")
-    expect_one_line(got["flex"], 2, "FlexAttention is not wired for it")
+    expect_one_line(got["flex"], 2, "'flex' is not wired for it")
     expect_one_line(got["world"], 2, "world size 2 is not divisible by context_parallel_degree (4)")
     no_tracebacks(got)

@@ -153,7 +153,17 @@ def check_devices(job: JobConfig, dims: ParallelDims, device_type: str, planning
     if job.model.attn_type == "flex" and device_type == "cpu":
         raise ConfigError(
             "[model] attn_type = 'flex' cannot train on CPU (torch has no FlexAttention "
-            "backward there); use attn_type = 'sdpa', which applies the same masks"
+            "backward there); use attn_type = 'auto', which applies the same masks"
+        )
+    if (
+        job.model.attn_type == "varlen"
+        and device_type == "cuda"
+        and t.mixed_precision_param not in ("bfloat16", "float16")
+    ):
+        raise ConfigError(
+            "[model] attn_type = 'varlen' runs flash attention on CUDA, which takes bfloat16 "
+            f"or float16, and training.mixed_precision_param is {t.mixed_precision_param!r}: "
+            "set it to 'bfloat16', or use attn_type = 'auto' (FlexAttention in float32)"
         )
     if job.profiling.enable_memory_snapshot and device_type != "cuda":
         raise ConfigError(

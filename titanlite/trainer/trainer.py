@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from models.attention import choose_kernel
 from titanlite.build import assemble as build
 from titanlite.build.options import pipeline_options
 from titanlite.components.checkpoint.manager import CheckpointManager
@@ -126,6 +127,16 @@ class Trainer:
             f"model {job.model.name} {job.model.flavor}: {spec.num_params(pre.model_args):,} "
             f"parameters, {self.flops_per_token / 1e9:.3f} GFLOPs per token (training), "
             f"seed {self.seed}"
+        )
+        kernel = choose_kernel(
+            job.model.attn_type,
+            job.model.attn_mask_type,
+            self.device.type,
+            built.options.param_dtype,
+            positions=self.dims.cp > 1,
+        )
+        logger.info(
+            f"attention: {job.model.attn_mask_type} through {kernel!r} ({job.model.attn_type})"
         )
         if built.float8_plan is not None:
             logger.info(built.float8_plan.describe())

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.attention import block_causal_mask
 from models.llama import FLAVORS, Transformer
-from models.llama.model import apply_rope, block_causal_mask
+from models.llama.model import apply_rope
 from parallelisms.context_parallel import check_context_parallel, rank_positions
 from parallelisms.parallel_dims import LayoutError
 
@@ -95,7 +96,7 @@ def test_each_rank_attends_as_one_process(cp, balancer, mask_type, rope):
             "context_parallel_degree (4) x",
         ),
         (dict(rotate_method="alltoall"), "'alltoall' is not built"),
-        (dict(attn_type="flex"), "FlexAttention is not wired"),
+        (dict(attn_type="flex"), "'flex' is not wired"),
     ],
 )
 def test_impossible_context_parallel_jobs(kwargs, message):

@@ -1,5 +1,5 @@
-"""Document masking (block_causal): the masks, their isolation of documents, FlexAttention against
-the masked-SDPA path, boundary targets, and the loss as one mean over every counted token however
+"""Document masking (block_causal): the masks, their isolation of documents, FlexAttention and the
+per-document varlen kernel against the masked-SDPA path, boundary targets, and the loss as one mean over every counted token however
 the global batch is split over ranks and micro-batches."""
 
 import dataclasses
@@ -10,8 +10,14 @@ import torch
 import torch.nn.functional as F
 from helpers import DOC_BOS, DOC_EOS, document_model, document_model_args
 
-import models.llama.model as llama_model
-from models.llama.model import block_causal_block_mask, block_causal_mask, document_ids
+import models.attention as attention
+from models.attention import (
+    Documents,
+    block_causal_block_mask,
+    block_causal_mask,
+    document_ids,
+    documents,
+)
 from titanlite.components.loss import (
     IGNORE_INDEX,
     cross_entropy_loss,
@@ -80,10 +86,10 @@ def test_one_document_per_window_is_plain_causal_attention():
 def test_flex_forward_matches_the_masked_sdpa_path(monkeypatch):
     # Eager FlexAttention applies the same BlockMask as the compiled kernel; compiling it costs
     # close to a minute on 2 CPU cores, which the GPU check pays instead.
-    monkeypatch.setattr(llama_model, "_compiled_flex", llama_model.flex_attention)
+    monkeypatch.setattr(attention, "_compiled_flex", attention.flex_attention)
     tokens = torch.stack([_stream([4, 12, 2, 20])[:32], _stream([30, 5], seed=1)[:32]])
     sdpa, flex = _model(), _model(attn_type="flex")
-    assert isinstance(flex.attention_mask(tokens), llama_model.BlockMask)
+    assert isinstance(flex.attention_mask(tokens), attention.BlockMask)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is for debugging
         torch.testing.assert_close(flex(tokens), sdpa(tokens), rtol=0, atol=1e-5)
@@ -93,6 +99,58 @@ def test_flex_forward_matches_the_masked_sdpa_path(monkeypatch):
         torch.testing.assert_close(causal_flex(tokens), causal_sdpa(tokens), rtol=0, atol=1e-5)
     # The plain causal BlockMask is built once per shape.
     assert causal_flex.attention_mask(tokens) is causal_flex.attention_mask(tokens)
+
+
+def test_documents_start_at_every_bos_and_every_sequence_start():
+    tokens = torch.tensor([[5, 5, BOS, 5, BOS, BOS], [BOS, 5, 5, 5, 5, 5], [5] * 6])
+    docs = documents(tokens, BOS)
+    assert docs.cu_seqlens.tolist() == [0, 2, 4, 5, 6, 12, 18]
+    assert docs.cu_seqlens.dtype == torch.int32 and docs.max_len == 6
+
+
+def _varlen_tokens() -> torch.Tensor:
+    # Cut documents, one-token documents, a window that is one document, and one made of BOS.
+    return torch.stack(
+        [
+            _stream([3, 0, 10, 40])[5:37],
+            _stream([40])[:32],
+            _stream([0] * 20)[:32],
+            torch.cat([_stream([12]), _stream([2, 1]), _stream([30])])[:32],
+        ]
+    )
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_varlen_matches_masked_sdpa_in_the_forward_and_every_gradient(n_kv_heads):
+    tokens = _varlen_tokens()
+    outs, grads = {}, {}
+    for kind in ("sdpa", "varlen", "auto"):
+        model = _model(attn_type=kind, n_kv_heads=n_kv_heads)
+        logits = model(tokens)
+        (logits.pow(2).mean() + logits[:, -1].sum()).backward()
+        outs[kind], grads[kind] = logits, {n: p.grad for n, p in model.named_parameters()}
+    assert isinstance(_model(attn_type="auto").attention_mask(tokens), Documents)
+    for kind in ("varlen", "auto"):
+        torch.testing.assert_close(outs[kind], outs["sdpa"], rtol=0, atol=1e-5)
+        for name, grad in grads["sdpa"].items():
+            torch.testing.assert_close(grads[kind][name], grad, rtol=0, atol=1e-5, msg=name)
+
+
+def test_compiled_varlen_blocks_compile_once_for_every_document_count():
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    eager, compiled = _model(attn_type="varlen"), _model(attn_type="varlen")
+    for block in compiled.layers.values():
+        block.compile(fullgraph=True)
+    tokens = _varlen_tokens()
+    try:
+        for rows in (tokens[:2], tokens[2:], tokens[1:3]):  # 9, 33 and 22 documents
+            torch.testing.assert_close(compiled(rows), eager(rows), rtol=0, atol=1e-5)
+        assert dynamo_utils.counters["stats"]["unique_graphs"] == 1
+    finally:
+        torch._dynamo.reset()
 
 
 def test_block_mask_marks_the_same_pairs_as_the_boolean_mask():

@@ -7,8 +7,9 @@ import pytest
 import torch
 from helpers import DOC_BOS, DOC_EOS, document_model
 
+from models.attention import document_positions
 from models.llama import Transformer
-from models.llama.model import apply_rope, document_positions
+from models.llama.model import apply_rope
 
 BOS, EOS = DOC_BOS, DOC_EOS
 SEQ = 48
