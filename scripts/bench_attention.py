@@ -2,10 +2,12 @@
 side by side in one process.
 
 CPU (default): the debug model as the trainer builds it (preflight's model arguments, the
-family's model on meta, to_empty + init_weights), float32, SDPA causal vs SDPA block_causal.
+family's model on meta, to_empty + init_weights), float32: SDPA causal, SDPA block_causal (a
+dense mask) and varlen block_causal (the default: attention per document).
 `--device cuda`: a Llama-3-8B-shaped stack (dim 4096, 32 heads, 8 KV heads, FFN 14336;
-`--layers` blocks, default 2), bf16 weights, seq 8192: SDPA causal, SDPA block_causal and
-compiled FlexAttention block_causal; a variant that runs out of memory is reported as such.
+`--layers` blocks, default 2), bf16 weights, seq 8192: the same three and compiled FlexAttention
+block_causal, each with its peak allocated memory; a variant that runs out of memory is reported
+as such.
 
 The windows are real ones: the bundled corpus framed BOS ... EOS and packed into windows of
 seq + 1 tokens as the text reader packs it (its files are 1,900-3,300-token documents;
@@ -43,6 +45,7 @@ CORPUS = ROOT / "titanlite" / "assets" / "corpus"
 VARIANTS = {
     "sdpa causal": ("sdpa", "causal"),
     "sdpa block_causal": ("sdpa", "block_causal"),
+    "varlen block_causal (auto)": ("varlen", "block_causal"),
     "flex block_causal": ("flex", "block_causal"),
 }
 
@@ -85,7 +88,7 @@ def setup(opts: argparse.Namespace) -> tuple[LlamaArgs, dict, torch.Tensor, torc
     if opts.device == "cpu":
         job = load(["--config", str(DEBUG_TOML), "--training.seq_len", str(opts.seq or 256)])
         args = model_args(job, tokenizer.vocab_size, tokenizer.bos_id)
-        variants = {k: v for k, v in VARIANTS.items() if v[0] == "sdpa"}  # no CPU flex backward
+        variants = {k: v for k, v in VARIANTS.items() if v[0] != "flex"}  # no CPU flex backward
         dtype, what = torch.float32, "debug model, float32"
     else:
         args = dataclasses.replace(
@@ -147,8 +150,13 @@ def run(opts, args, variants, batches, device, dtype) -> dict[str, dict]:
             models[name] = build(
                 dataclasses.replace(args, attn_type=attn, attn_mask_type=mask), device, dtype
             )
+            if device.type == "cuda":  # what one step adds to the weights already held
+                torch.cuda.reset_peak_memory_stats()
+                held = torch.cuda.memory_allocated()
             step(models[name], batches[0], args.bos_id)  # warm-up (compiles flex)
             table[name] = {"times": [], "cpu": []}
+            if device.type == "cuda":
+                table[name]["peak_gib"] = (torch.cuda.max_memory_allocated() - held) / 2**30
         except torch.OutOfMemoryError:
             models.pop(name, None)
             table[name] = {"error": "out of memory"}
@@ -179,7 +187,11 @@ def render(header: str, table: dict[str, dict], cpu: bool) -> str:
     time, which other processes competing for the cores barely move."""
     ref = next(iter(table.values()))
     cols = ["tokens/s (median)", "vs sdpa causal", "per-round ratio (median)"]
-    cols += ["tokens per CPU-s (median)", "vs sdpa causal"] if cpu else []
+    cols += (
+        ["tokens per CPU-s (median)", "vs sdpa causal"]
+        if cpu
+        else ["step peak GiB (above weights)"]
+    )
     lines = [
         header,
         "",
@@ -191,7 +203,11 @@ def render(header: str, table: dict[str, dict], cpu: bool) -> str:
             lines.append(f"| {name} | {r['error']} |" + " |" * (len(cols) - 1))
             continue
         cells = _figures(r["tps"], ref.get("tps"), paired=True)
-        cells += _figures(r["cpu_tps"], ref.get("cpu_tps"), paired=False) if cpu else []
+        cells += (
+            _figures(r["cpu_tps"], ref.get("cpu_tps"), paired=False)
+            if cpu
+            else [f"{r['peak_gib']:.2f}"]
+        )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -22,6 +22,10 @@ launch; only (a) builds two trainers in one worker process, to compare their gra
                 predicted / measured within [0.75, 1.25] (the activation formula's calibration
                 bound, docs/dry_run.md).
 
+  (g) attention the default block_causal kernel (attn_type 'auto': flash varlen on CUDA, the
+                CPU document kernel in --smoke) vs masked SDPA, 20 steps each from the same
+                seed (bf16 on GPU): every step's loss within 1e-3.
+
     python scripts/gpu_check.py --out DIR            # on a GPU machine (not yet run on one)
     python scripts/gpu_check.py --smoke --out DIR    # CPU/gloo rehearsal, tiny sizes
 
@@ -58,6 +62,7 @@ FLOAT8_REL_BOUND = 0.05
 FLOAT8_STEPS = 50  # --smoke: 10, enough to run the same code
 MEMORY_RATIO_BOUNDS = (0.75, 1.25)
 RESUME_STEPS, RESUME_AT = 10, 5
+ATTENTION_STEPS, ATTENTION_BOUND = 20, 1e-3
 
 QUIET = ["--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false"]
 
@@ -461,6 +466,37 @@ def print_per_parameter(rows: dict[str, dict]) -> None:
         print(f"    {name:<40} rel {rel}  |g| {r['eager_norm']:.4e}{lost}")
 
 
+# ---------------------------------------------------------------------------------------------
+# (g) the default block_causal kernel against masked SDPA
+
+
+def check_attention(ctx: Context) -> list[dict]:
+    dtype = "float32" if ctx.smoke or ctx.cuda is None else "bfloat16"
+    common = ["--training.steps", str(ATTENTION_STEPS)]
+    common += ["--training.mixed_precision_param", dtype, "--model.attn_mask_type", "block_causal"]
+    with ThreadPoolExecutor(2) as pool:
+        runs = {
+            kind: pool.submit(ctx.train, f"g_{kind}", *common, "--model.attn_type", kind)
+            for kind in ("auto", "sdpa")
+        }
+        procs = {kind: run.result() for kind, run in runs.items()}
+    kernel = re.search(r"attention: block_causal through '(\w+)'", procs["auto"].stderr)
+    name = (
+        f"block_causal, attn_type 'auto' ({kernel[1] if kernel else '?'}) vs masked SDPA, {dtype}"
+    )
+    bound = f"all {ATTENTION_STEPS} losses within {ATTENTION_BOUND:g}"
+    for kind, proc in procs.items():
+        if proc.returncode != 0:
+            return [result("g", name, "FAIL", f"{kind} run: {failure(proc)}", bound)]
+    got, want = losses(ctx.work / "g_auto"), losses(ctx.work / "g_sdpa")
+    steps = range(1, ATTENTION_STEPS + 1)
+    if sorted(got) != list(steps) or sorted(want) != list(steps):
+        return [result("g", name, "FAIL", "a run did not log every step", bound)]
+    diff = max(abs(got[s] - want[s]) for s in steps)
+    ok = diff <= ATTENTION_BOUND and kernel is not None and kernel[1] == "varlen"
+    return [result("g", name, "PASS" if ok else "FAIL", f"largest difference {diff:.2e}", bound)]
+
+
 def _timed(check, ctx: Context) -> list[dict]:
     start = time.perf_counter()
     rows = check(ctx)
@@ -474,6 +510,7 @@ CHECKS = {
     "b": check_float8,
     "cd": check_resume_and_determinism,
     "ef": check_memory,
+    "g": check_attention,
 }
 
 

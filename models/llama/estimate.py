@@ -88,6 +88,8 @@ def block_activations(
     gathered = 2 * e * d
     # Keys and values: the whole sequence's under context parallel (all-gathered).
     attention = e * (d + 2 * kv * cp) / t + 2 * e * d / t + 4 * n / t
+    # Only masked SDPA builds a dense mask: "auto" resolves to it under context parallel alone
+    # (models/attention.py: choose_kernel), and "varlen" / "flex" keep no S×S tensor.
     sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
     per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)
     if per_block_mask:

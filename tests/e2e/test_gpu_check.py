@@ -22,6 +22,7 @@ def test_gpu_check_smoke_runs_every_check(tmp_path):
         "d": "PASS",
         "e": "SKIPPED",
         "f": "SKIPPED",
+        "g": "PASS",
     }, summary["results"]
     by_check = {r["check"]: r for r in summary["results"]}
     assert "needs the CUDA caching allocator" in by_check["e"]["figure"]
@@ -31,8 +32,9 @@ def test_gpu_check_smoke_runs_every_check(tmp_path):
     grads = by_check["a"]["per_parameter"]
     assert len(grads) == 21 and all(r["rel"] is not None and not r["lost"] for r in grads.values())
     assert "tok_embeddings.weight" in proc.stdout and "rel " in proc.stdout
-    for key in "abcdef":
+    assert "'auto' (varlen)" in by_check["g"]["name"]  # the default kernel is the one compared
+    for key in "abcdefg":
         assert f"({key}) " in proc.stdout
     table = (tmp_path / "gpu_check" / "gpu_check.txt").read_text()
-    assert table.count("| PASS |") == 4 and table.count("| SKIPPED |") == 2
+    assert table.count("| PASS |") == 5 and table.count("| SKIPPED |") == 2
     assert (tmp_path / "gpu_check" / "logs" / "c_resumed.log").exists()

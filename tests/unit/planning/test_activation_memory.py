@@ -95,7 +95,7 @@ def _saved_per_block(args: LlamaArgs, batch: int, seq: int, cp: int) -> int:
     def enter(_block, args):
         # The RoPE rows and the mask are made once per forward, before the blocks: the formula
         # counts them outside the blocks.
-        for t in args[1:]:
+        for t in torch.utils._pytree.tree_leaves(args[1:]):  # Documents is a tuple
             if isinstance(t, torch.Tensor):
                 skip.add(t.untyped_storage().data_ptr())
         in_block[0] = True
@@ -162,3 +162,21 @@ def test_memory_budget_runs_from_full_at_0_to_none_at_1(tp):
     assert quarter.blocks == pytest.approx(full.blocks + 0.25 * (none.blocks - full.blocks), abs=1)
     assert quarter.recompute == pytest.approx(0.75 * full.recompute, abs=1)
     assert quarter.outside == full.outside
+
+
+def test_a_varlen_block_saves_what_a_causal_one_does_and_the_formula_agrees():
+    # The per-document kernel keeps q, k, v, its output and log-sum-exp, as causal SDPA does;
+    # masked SDPA adds its additive mask. The formula must follow each, not the mask type alone.
+    batch, seq = 2, 64
+    kw = dict(local_batch_size=batch, tp=1, loss_parallel=False, ac_mode="none", ac_option="op")
+    measured, formula = {}, {}
+    for kernel, mask in (("sdpa", "causal"), ("varlen", "block_causal"), ("sdpa", "block_causal")):
+        args = dataclasses.replace(ARGS, attn_type=kernel, attn_mask_type=mask)
+        measured[kernel, mask] = _saved_per_block(args, batch, seq, 1)
+        estimate = estimate_activations(args, seq_len=seq, cp=1, compute_bytes=4, **kw)
+        formula[kernel, mask] = estimate.per_block_full
+    causal, varlen = ("sdpa", "causal"), ("varlen", "block_causal")
+    assert measured[varlen] == measured[causal] and formula[varlen] == formula[causal]
+    dense = measured["sdpa", "block_causal"] - measured[causal]
+    assert dense == batch * seq * seq * 4  # the additive float32 mask SDPA saves
+    assert formula["sdpa", "block_causal"] - formula[causal] == dense
