@@ -11,7 +11,7 @@
 set -euo pipefail
 TOOL=${1:?tool dir}; TT_VENV=${2:?torchtitan venv}; ROUNDS=${3:-3}; STEPS=${4:-10}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-VENV=$(dirname "$(dirname "$(command -v python)")")
+VENV=$(python -c "import sys; print(sys.prefix)")  # titanlite_cpu.sh runs $VENV/bin/python
 declare -A ARGS=(
     [titanlite_causal]="--model.attn_mask_type causal"
     [titanlite_block_causal_sdpa]="--model.attn_type sdpa"

@@ -2,11 +2,13 @@
 # The prepared session for one GPU (planned to fit 10 minutes on an H200; not yet run on one):
 #  1. the correctness pass, scripts/gpu_check.py: compiled vs eager per-parameter gradients,
 #     float8 vs bf16 over 50 steps, async_with_pinned_mem save + bit-exact resume,
-#     training.deterministic twice, a memory snapshot, the dry run vs the allocator's peak;
+#     training.deterministic twice, a memory snapshot, the dry run vs the allocator's peak,
+#     the default block_causal kernel vs masked SDPA over 20 steps;
 #  2. the benchmark, scripts/bench_float8.py: bf16 vs float8 tensorwise, with and without
 #     compile, on the largest Llama-3-8B-shaped model that fits one GPU;
-#  3. scripts/bench_attention.py: forward + backward tokens/s of compiled FlexAttention
-#     block_causal vs SDPA causal (and SDPA block_causal) on 2 Llama-3-8B-shaped blocks, seq 8192.
+#  3. scripts/bench_attention.py: forward + backward tokens/s and step peak memory of varlen
+#     (the default) and compiled FlexAttention block_causal vs SDPA causal and SDPA
+#     block_causal on 2 Llama-3-8B-shaped blocks, seq 8192.
 # Rehearse on CPU first (the same code paths in tiny sizes; CUDA-only checks say SKIPPED):
 #     bash scripts/bench_gpu.sh --smoke [--checks-only]
 # On the GPU machine:
