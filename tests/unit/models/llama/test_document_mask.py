@@ -265,3 +265,20 @@ def test_flex_training_on_cpu_is_a_preflight_error():
 
     with pytest.raises(ConfigError, match="attn_type = 'flex' cannot train on CPU"):
         preflight.run(["--config", str(DEBUG_CONFIG), "--model.attn_type", "flex"], 1)
+
+
+def test_varlen_on_cuda_in_float32_is_a_preflight_error():
+    # Flash takes 16-bit inputs only; planned for CUDA (as a dry run does) on this machine.
+    from helpers import DEBUG_CONFIG
+
+    from parallelisms import ParallelDims
+    from titanlite.config.loader import ConfigError, load
+    from titanlite.preflight import checks as preflight
+
+    argv = ["--config", str(DEBUG_CONFIG), "--model.attn_type", "varlen"]
+    dims = ParallelDims(1, 1, 1, 1)
+    fp32 = load([*argv, "--training.mixed_precision_param", "float32"])
+    with pytest.raises(ConfigError, match="attn_type = 'varlen' runs flash attention on CUDA"):
+        preflight.check_devices(fp32, dims, "cuda", planning=True)
+    bf16 = load([*argv, "--training.mixed_precision_param", "bfloat16"])
+    preflight.check_devices(bf16, dims, "cuda", planning=True)
