@@ -28,14 +28,27 @@ ATTN_MASK_TYPES = ("causal", "block_causal")
 
 
 class Documents(NamedTuple):
-    """The documents of a (batch, seq) window of tokens, flattened to batch·seq tokens: document
-    i is tokens cu_seqlens[i]:cu_seqlens[i+1]. A document never spans two sequences of the batch.
-    `max_len` bounds every document's length: the sequence length, a bound rather than a
-    measurement, so compiled graphs see one value. (Finding the starts is one device-to-host
-    sync per forward on CUDA, shared by every block: `nonzero` sizes its output.)"""
+    """Which packed keys each packed query attends to, as flash varlen takes it: the queries of a
+    (batch, seq) window flattened to tokens, cut into pieces (piece i is query rows
+    cu_seqlens_q[i]:cu_seqlens_q[i+1]), each attending causally to its own key rows
+    cu_seqlens_k[i]:cu_seqlens_k[i+1], aligned at the bottom right: a piece's last query sees all
+    of its keys, its first sees the keys before the piece and itself.
 
-    cu_seqlens: torch.Tensor  # int32, (number of documents + 1,)
-    max_len: int
+    Without context parallel a piece is a document and its keys are its own tokens, so
+    `cu_seqlens_k` is `cu_seqlens_q`. Under context parallel a piece is the part of a document
+    that lies in one of this rank's chunks, and its keys are the document's tokens up to the
+    piece's end, gathered from the whole sequence's keys: `key_index` gives, for each packed key
+    row, its row in the flattened keys the kernel is given. A document never spans two
+    sequences of the batch. `max_q` and `max_k` bound the pieces' lengths (the query and key
+    sequence lengths, bounds rather than measurements, so compiled graphs see one value).
+    (Finding the starts is one device-to-host sync per forward on CUDA, shared by every block:
+    `nonzero` sizes its output.)"""
+
+    cu_seqlens_q: torch.Tensor  # int32, (pieces + 1,)
+    cu_seqlens_k: torch.Tensor  # int32, (pieces + 1,)
+    max_q: int
+    max_k: int
+    key_index: torch.Tensor | None = None  # int64, (cu_seqlens_k[-1],)
 
 
 AttentionMask = torch.Tensor | BlockMask | Documents | None
@@ -45,16 +58,17 @@ def choose_kernel(
     attn_type: str, mask_type: str, device_type: str, dtype: torch.dtype, positions: bool
 ) -> str:
     """The kernel "auto" stands for (any other `attn_type` is returned as it is). `positions`:
-    the queries attend to chosen key positions (context parallel), which only masked SDPA
-    takes. On CUDA, block_causal in 16-bit uses flash varlen: no mask to build, no compile,
-    the kernel skips every tile outside a document. FlexAttention does the same work but builds
-    a BlockMask each step and needs a compile; it serves float32, which flash does not take."""
+    the queries attend to chosen key positions (context parallel). Block-causal, and any mask
+    under context parallel, use varlen: no mask to build, no compile, only the tiles inside a
+    document are computed. FlexAttention does the same work but builds a BlockMask each step
+    and needs a compile; it serves float32 on CUDA, which flash does not take, except under
+    context parallel, where it is not wired and masked SDPA serves."""
     if attn_type != "auto":
         return attn_type
-    if mask_type == "causal" or positions:
+    if mask_type == "causal" and not positions:
         return "sdpa"
     if device_type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
-        return "flex"
+        return "sdpa" if positions else "flex"
     return "varlen"
 
 
@@ -105,7 +119,47 @@ def documents(tokens: torch.Tensor, bos_id: int) -> Documents:
     # The number of documents changes every step: compiled blocks take it as a symbol from the
     # first step on, instead of compiling once for the first count and again for the second.
     torch._dynamo.maybe_mark_dynamic(cu_seqlens, 0)
-    return Documents(cu_seqlens, seq)
+    return Documents(cu_seqlens, cu_seqlens, seq, seq)
+
+
+def document_pieces(
+    tokens: torch.Tensor,
+    bos_id: int,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    within_documents: bool = True,
+) -> Documents:
+    """The pieces of attention of queries at window positions `queries` against keys given at
+    window positions `keys` (in the order the kernel receives them), for each sequence of the
+    (batch, seq) window `tokens`: a piece is a run of consecutive query positions inside one
+    document, and its keys are that document's positions up to the run's end. Without
+    `within_documents` the whole sequence is one document (causal). Only the visible keys are
+    ever computed against, so the work is what the mask allows, whatever the positions."""
+    batch, seq = tokens.shape
+    device, nq = tokens.device, queries.numel()
+    idx = torch.arange(seq, device=device)
+    starts = tokens == bos_id if within_documents else torch.zeros_like(tokens, dtype=torch.bool)
+    starts[:, 0] = True
+    doc_start = torch.where(starts, idx, 0).cummax(dim=-1).values
+    follows = torch.zeros(nq, dtype=torch.bool, device=device)
+    follows[1:] = queries[1:] == queries[:-1] + 1
+    first = (starts[:, queries] | ~follows).flatten().nonzero().flatten()
+    q_lens = torch.diff(first, append=first.new_tensor([batch * nq]))
+    row, begin = first // nq, queries[first % nq]
+    key_start = doc_start[row, begin]
+    k_lens = begin + q_lens - key_start
+    zero = first.new_zeros(1)
+    cu_k = torch.cat([zero, k_lens.cumsum(0)])
+    piece = torch.repeat_interleave(torch.arange(first.numel(), device=device), k_lens)
+    offset = torch.arange(piece.numel(), device=device) - cu_k[piece]
+    arrival = torch.empty_like(keys)
+    arrival[keys] = torch.arange(keys.numel(), device=device)
+    key_index = row[piece] * seq + arrival[key_start[piece] + offset]
+    cu_q = torch.cat([first, first.new_tensor([batch * nq])]).to(torch.int32)
+    cu_k = cu_k.to(torch.int32)
+    for t in (cu_q, cu_k, key_index):  # sizes that change every step (see `documents`)
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    return Documents(cu_q, cu_k, nq, seq, key_index)
 
 
 def causal_block_mask(batch: int, seq: int, device: torch.device) -> BlockMask:
@@ -117,54 +171,83 @@ def _causal(b, h, q_idx, kv_idx):
 
 
 # ---------------------------------------------------------------------------------------------
-# The CPU document kernel: torch's CPU flash attention, causal, on each document. A custom op so
-# that torch.compile keeps it whole (the loop's length depends on the data) and selective
-# activation checkpointing can name it; its backward calls the kernel's own backward per
-# document with the saved output and log-sum-exp, so nothing is recomputed.
+# The CPU document kernel: torch's CPU flash attention on each piece. A custom op so that
+# torch.compile keeps it whole (the loop's length depends on the data) and selective activation
+# checkpointing can name it. A piece whose keys reach back before its first query (context
+# parallel: the part of a document in a later chunk) is two flash calls, the earlier keys without
+# a mask and the piece's own square with `is_causal`, merged by their log-sum-exps (as ring
+# attention merges its steps). The backward calls the kernel's own backward on each call with
+# the merged output and log-sum-exp, which gives each call's share of the gradient exactly (the
+# softmax's normalizer and rowsum(dO·O) are the whole row's), so nothing is recomputed.
 
 _cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _cpu_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-def _spans(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
-    bounds = cu_seqlens.tolist()
-    return [(s, e) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+class _Piece(NamedTuple):
+    queries: slice
+    earlier: slice  # keys before the piece's own square (empty without context parallel)
+    own: slice  # the square: as many keys as queries, causal
+
+
+def _pieces(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[_Piece]:
+    qb, kb = cu_q.tolist(), cu_k.tolist()
+    pieces = []
+    for qs, qe, ks, ke in zip(qb[:-1], qb[1:], kb[:-1], kb[1:]):
+        if qe > qs:
+            own = ke - (qe - qs)
+            pieces.append(_Piece(slice(qs, qe), slice(ks, own), slice(own, ke)))
+    return pieces
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:  # (tokens, heads, dim) -> (1, heads, ...)
     return x.transpose(0, 1).unsqueeze(0)
 
 
+def _flash(q, k, v, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _cpu_flash(*(_heads_first(t) for t in (q, k, v)), 0.0, causal)
+    return o[0].transpose(0, 1), lse[0]  # (tokens, heads, dim), (heads, tokens)
+
+
 @torch.library.custom_op("titanlite::document_attention", mutates_args=())
 def document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention within each document of packed (tokens, heads, head_dim) queries, keys
-    and values (keys and values may have fewer heads: grouped-query attention) -> (output like
-    q, log-sum-exp (heads, tokens) in float32)."""
+    """Attention of each piece of packed (tokens, heads, head_dim) queries to its keys and
+    values (fewer heads for grouped-query attention), causal aligned at the bottom right (see
+    `Documents`) -> (output like q, log-sum-exp (heads, tokens) in float32)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-    for s, e in _spans(cu_seqlens):
-        o, logsumexp = _cpu_flash(*(_heads_first(t[s:e]) for t in (q, k, v)), 0.0, True)
-        out[s:e] = o[0].transpose(0, 1)
-        lse[:, s:e] = logsumexp[0]
+    for p in _pieces(cu_seqlens_q, cu_seqlens_k):
+        o, l_own = _flash(q[p.queries], k[p.own], v[p.own], True)
+        if p.earlier.stop > p.earlier.start:
+            o_before, l_before = _flash(q[p.queries], k[p.earlier], v[p.earlier], False)
+            merged = torch.logaddexp(l_own, l_before)
+            o = (
+                o.float() * (l_own - merged).exp().T[..., None]
+                + o_before.float() * (l_before - merged).exp().T[..., None]
+            )
+            l_own = merged
+        out[p.queries] = o
+        lse[:, p.queries] = l_own
     return out, lse
 
 
 @document_attention.register_fake
-def _(q, k, v, cu_seqlens):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k):
     return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, cu_seqlens, out, lse)
+    ctx.save_for_backward(*inputs, *output)
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, cu_seqlens, out, lse = ctx.saved_tensors
-    return (*_document_attention_backward(grad_out, q, k, v, cu_seqlens, out, lse), None)
+    return (*_document_attention_backward(grad_out, *ctx.saved_tensors), None, None)
 
 
 @torch.library.custom_op("titanlite::document_attention_backward", mutates_args=())
@@ -173,26 +256,31 @@ def _document_attention_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for s, e in _spans(cu_seqlens):
-        grads = _cpu_flash_backward(
-            _heads_first(grad_out[s:e]),
-            *(_heads_first(t[s:e]) for t in (q, k, v, out)),
-            lse[None, :, s:e],
-            0.0,
-            True,
-        )
-        for full, g in zip((gq, gk, gv), grads):
-            full[s:e] = g[0].transpose(0, 1)
+    for p in _pieces(cu_seqlens_q, cu_seqlens_k):
+        rows, row_lse = p.queries, lse[None, :, p.queries]
+        for keys, causal in ((p.own, True), (p.earlier, False)):
+            if keys.stop == keys.start:
+                continue
+            grads = _cpu_flash_backward(
+                *(_heads_first(t) for t in (grad_out[rows], q[rows], k[keys], v[keys], out[rows])),
+                row_lse,
+                0.0,
+                causal,
+            )
+            gq[rows] += grads[0][0].transpose(0, 1)
+            gk[keys] = grads[1][0].transpose(0, 1)
+            gv[keys] = grads[2][0].transpose(0, 1)
     return gq, gk, gv
 
 
 @_document_attention_backward.register_fake
-def _(grad_out, q, k, v, cu_seqlens, out, lse):
+def _(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -204,18 +292,33 @@ document_attention.register_autograd(_backward, setup_context=_setup_context)
 
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents) -> torch.Tensor:
     """(batch, heads, seq, head_dim) in and out, through the packed (tokens, heads, head_dim)
-    layout; the transposes undo the model's, so the reshapes are views."""
+    layout; the transposes undo the model's, so the reshapes are views. Under context parallel
+    the keys and values are first gathered into each piece's rows (`docs.key_index`): a row is
+    copied once per piece that sees it, at most (1 + 1/(2·cp)) x the sequence's keys with the
+    head-tail cut, and the copy's gradient adds back into the gathered keys."""
     batch, heads, seq, dim = q.shape
-    pq, pk, pv = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (q, k, v))
-    cu, n = docs.cu_seqlens, docs.max_len
+    pq, pk, pv = (t.transpose(1, 2).reshape(-1, t.shape[1], dim) for t in (q, k, v))
+    if docs.key_index is not None:
+        pk, pv = pk.index_select(0, docs.key_index), pv.index_select(0, docs.key_index)
+    cu_q, cu_k = docs.cu_seqlens_q, docs.cu_seqlens_k
     if q.device.type == "cpu":
-        out = document_attention(pq, pk, pv, cu)[0]
+        out = document_attention(pq, pk, pv, cu_q, cu_k)[0]
     else:
         # Imported on first use: the module imports FSDP, which preflight never needs.
         from torch.nn.attention.varlen import varlen_attn
 
+        # window (-1, 0) is flash's causal, which aligns a piece's queries with its last keys
+        # (bottom right) when it has more keys than queries: what context parallel's pieces need.
         out = varlen_attn(
-            pq, pk, pv, cu, cu, n, n, window_size=(-1, 0), enable_gqa=k.shape[1] != heads
+            pq,
+            pk,
+            pv,
+            cu_q,
+            cu_k,
+            docs.max_q,
+            docs.max_k,
+            window_size=(-1, 0),
+            enable_gqa=k.shape[1] != heads,
         )
     return out.view(batch, seq, heads, dim).transpose(1, 2)
 

@@ -73,7 +73,8 @@ class Estimator:
     """A family's formulas for the dry run: pure arithmetic on its args and the parallel degrees
     (plain ints), so that titanlite.planning stays generic."""
 
-    # (args, *, local_batch_size, seq_len, tp, cp, loss_parallel, compute_bytes) -> terms
+    # (args, *, local_batch_size, seq_len, tp, cp, loss_parallel, compute_bytes, device_type)
+    # -> terms
     activations: Callable[..., ActivationTerms]
     # Parameters of the FSDP root module (embeddings, final norm, head): kept unsharded
     # between forward and backward.

@@ -11,15 +11,21 @@ What the model sees. The trainer passes each rank its part of the token ids as t
 the whole window as `tokens=`; a forward pre-hook on the model adds `positions=` (this rank's
 query positions, and the key positions in the order the keys arrive from the all-gather: rank 0's
 part, then rank 1's, ...). The model then builds, once per forward, the RoPE rows of its queries
-and the additive mask of its queries against all keys (causal, or block-causal from the whole
-window's documents), which every block shares; the keys are never permuted back. Each block's
-`attention.sdpa` kernel is replaced by one that all-gathers k and v before scaled dot-product
-attention with that mask.
+and what its attention kernel needs of those queries against all keys, which every block
+shares: for "varlen" (what "auto" runs) the pieces to compute — each run of this rank's query
+positions inside one document, with the rows of the document's keys up to the run's end — so
+no mask exists and only visible keys are computed against, and the head-tail cut evens the
+work; for "sdpa" an additive (S/cp) x S mask. Each block's `attention.sdpa` kernel is wrapped
+in one that all-gathers k and v (one collective) and hands them, in arrival order, to the
+block's own kernel; the keys are never permuted back.
 
-So the load balancing and the all-gather live here; the model only provides the swappable kernel
-and the `tokens=` / `positions=` arguments. The mask is (S/cp) x S in the compute dtype, one per
-forward: the masked-SDPA path, which runs everywhere (CPU and gloo included). FlexAttention is not
-wired for context parallel.
+The all-gather is waited on before the block's attention, not overlapped with it: under a causal
+mask every rank's tail chunk needs keys from every rank (only rank 0's head chunk needs none from
+others), so almost no attention work is rank-local. A ring rotation would overlap one step's
+compute with the next step's transfer; it is not built.
+
+So the load balancing and the all-gather live here; the model provides the swappable kernel
+and the `tokens=` / `positions=` arguments. FlexAttention is not wired for context parallel.
 
 Knows the model only through its public structure: forward(x, tokens=, positions=) and blocks
 with `attention.sdpa`.
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -76,21 +81,20 @@ class SequenceShards:
 
 
 class ContextParallelAttention(nn.Module):
-    """SDPA of this rank's queries against the keys and values of the whole sequence."""
+    """The block's own attention kernel, run on this rank's queries against the keys and values
+    of the whole sequence, all-gathered over cp."""
 
-    def __init__(self, group) -> None:
+    def __init__(self, local: nn.Module, group) -> None:
         super().__init__()
-        self.group = group
+        self.local, self.group = local, group
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
         # (batch, heads, seq / cp, head_dim) -> (batch, heads, seq, head_dim), in rank order;
-        # autograd reduce-scatters the gradients back to the rank that owns each key.
-        k = funcol.all_gather_single(k.contiguous(), 2, self.group)
-        v = funcol.all_gather_single(v.contiguous(), 2, self.group)
-        gqa = k.shape[1] != q.shape[1]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        # autograd reduce-scatters the gradients back to the rank that owns each key. One
+        # collective for both: k and v side by side along the heads.
+        heads = k.shape[1]
+        kv = funcol.all_gather_single(torch.cat([k, v], dim=1).contiguous(), 2, self.group)
+        return self.local(q, kv[:, :heads], kv[:, heads:], mask)
 
 
 def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:
@@ -103,7 +107,8 @@ def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) 
     model.register_forward_pre_hook(add_positions, with_kwargs=True)
     for block in blocks:
         attention = block.get_submodule("attention")
-        attention.register_module("sdpa", ContextParallelAttention(shards.group))
+        kernel = ContextParallelAttention(attention.get_submodule("sdpa"), shards.group)
+        attention.register_module("sdpa", kernel)
 
 
 def check_context_parallel(
@@ -122,10 +127,10 @@ def check_context_parallel(
             f"parallelism.context_parallel_rotate_method = {rotate_method!r} is not built; "
             "use 'allgather'"
         )
-    if attn_type not in ("sdpa", "auto"):
+    if attn_type == "flex":
         raise LayoutError(
-            f"context parallel runs attention through masked SDPA; {attn_type!r} is not wired "
-            "for it: set model.attn_type = 'auto' or 'sdpa' (they apply the same masks)"
+            "context parallel runs attention per document piece ('varlen') or through masked "
+            "SDPA; 'flex' is not wired for it: set model.attn_type = 'auto' (the same masks)"
         )
     parts = cp * chunks_per_rank(load_balancer) * tp
     for name, seq in seq_lens.items():

@@ -29,30 +29,35 @@ torch 2.13 CPU with saved-tensor hooks). FlexAttention's BlockMask holds a few i
 Context parallel (cp ranks share each sequence; see parallelisms/context_parallel.py): every
 per-token term above counts this rank's tokens, batch x seq/cp, because each rank embeds, projects
 and normalizes only its own part of each sequence, and computes the logits and loss of its own
-positions. What attention needs of the whole sequence does not shrink with cp:
+positions. What attention needs of the rest of the sequence does not shrink with cp; it depends
+on the kernel ("auto" is varlen, except float32 on CUDA, where it is masked SDPA):
 
-    keys/values e*2kv x cp/t per local token (replacing e*2kv/t): the all-gathered keys and
-                values of the whole sequence are SDPA's inputs, so SDPA keeps them, not the
-                local ones (the all-gather needs nothing saved to reduce-scatter the gradients)
-    mask        once per forward, outside the blocks: the additive mask of this rank's queries
-                against all keys, e x seq/cp x seq bytes (times the batch under block_causal),
-                which the model builds in the compute dtype so that SDPA keeps it as it is and
-                every block shares it. It replaces, under block_causal, both the window's
-                batch x seq x seq booleans and the per-block additive copy (the e x seq per
-                token above); a causal model needs it because this rank's queries against all
-                keys are no longer a square causal pattern.
-    RoPE rows   once per forward: the rotations of this rank's positions (seq/cp x head_dim/2
-                complex64 values; per sequence with document positions)
+    keys/values varlen: the rows its pieces copy from the all-gathered keys and values, which
+                the kernel keeps: at most seq x (1 + 1/(2 cp)) per sequence (the head-tail
+                cut, one document per window: rank i's tail piece reads every key before it,
+                its head piece the first chunks again; documents that end inside a chunk copy
+                fewer, so the formula is a bound there), i.e. e*2kv x (cp + 1/2)/t per local
+                token (replacing e*2kv/t).
+                masked SDPA: the whole sequence's, e*2kv x cp/t per local token.
+                (The all-gather itself needs nothing saved to reduce-scatter the gradients.)
+    once per    varlen: the int64 key rows of the pieces (8 bytes per copied row; no mask).
+    forward     masked SDPA: the additive mask of this rank's queries against all keys,
+                e x seq/cp x seq bytes (times the batch under block_causal), built in the
+                compute dtype so that SDPA keeps it as it is and every block shares it. It
+                replaces, under block_causal, both the window's batch x seq x seq booleans and
+                the per-block additive copy (the e x seq per token above); a causal model needs
+                it because this rank's queries against all keys are no longer a square causal
+                pattern.
+                Both: the RoPE rows of this rank's positions (seq/cp x head_dim/2 complex64
+                values; per sequence with document positions).
 
-The mask and the rows are made before the first block and are inputs of every block, so
-checkpointing keeps them whatever its mode. Measured on torch 2.13 CPU (SDPA's flash kernel for
-CPU) on 2 gloo ranks with saved-tensor hooks (tests/unit/test_activation_memory.py). On CUDA the
-kernel that takes a mask is memory-efficient attention, which saves the same inputs if it accepts
-grouped-query heads; not measured here: where it does not, SDPA falls back to the math kernel,
-which saves the seq/cp x seq attention probabilities of every head, and this formula does not
-hold. Selective op checkpointing was measured to keep no per-block additive mask without cp
-either, so the block_causal term it adds per block over-counts; it stays until the no-cp
-calibration settles it.
+What is made once per forward is made before the first block and is an input of every block,
+so checkpointing keeps it whatever its mode. Measured on torch 2.13 CPU on a fake 2-rank group
+with saved-tensor hooks, per kernel (tests/unit/test_activation_memory.py). On CUDA the kernel
+that takes a mask is cuDNN or memory-efficient attention (titanlite allows no other), which
+save the same inputs; not measured here. Selective op checkpointing was measured to keep no
+per-block additive mask without cp either, so the block_causal term it adds per block
+over-counts; it stays until the no-cp calibration settles it.
 
 Under activation checkpointing a block keeps its input (e*d/t per token); selective op
 checkpointing keeps, besides, every second matmul output (wq, wv, w1, w2 in forward order), the
@@ -62,11 +67,28 @@ Calibrated against torch's MemTracker on real CPU runs: see docs/dry_run.md.
 
 from __future__ import annotations
 
+import torch
+
+from models.attention import choose_kernel
 from models.llama.args import LlamaArgs
 from models.spec import ActivationTerms, Estimator
 
 # Llama 3's tokenizer: what a dry run assumes when the tokenizer file is not on this machine.
 LLAMA3_VOCAB = 128_256
+
+
+def attention_kernel(args: LlamaArgs, *, device_type: str, compute_bytes: int, cp: int) -> str:
+    """The kernel the blocks run ("auto" resolved as the model resolves it for this device)."""
+    dtype = torch.float32 if compute_bytes == 4 else torch.bfloat16
+    return choose_kernel(args.attn_type, args.attn_mask_type, device_type, dtype, cp > 1)
+
+
+def cp_key_rows(seq_len: int, cp: int, kernel: str) -> float:
+    """Rows of keys (and of values) one sequence's attention keeps per block under context
+    parallel: all of the sequence's for masked SDPA; for varlen the rows its pieces copy, at
+    most seq x (1 + 1/(2 cp)) (the head-tail cut with one document per window; documents that
+    end inside a chunk copy fewer)."""
+    return seq_len * (1 + 1 / (2 * cp)) if kernel == "varlen" else seq_len
 
 
 def block_activations(
@@ -77,20 +99,21 @@ def block_activations(
     tp: int,
     cp: int,
     compute_bytes: int,
+    kernel: str,
 ) -> tuple[float, float, float]:
     """(one block without checkpointing, its input, what selective op checkpointing keeps of
-    it): bytes for this rank's tokens of a micro-batch."""
+    it): bytes for this rank's tokens of a micro-batch, with attention through `kernel`."""
     e, d, t, n = compute_bytes, args.dim, tp, args.n_heads
     kv, ffn = args.kv_heads * args.head_dim, args.ffn_hidden_dim
     tokens = local_batch_size * seq_len // cp  # this rank's tokens
 
     norms = 2 * (4 * d + 4) / t
     gathered = 2 * e * d
-    # Keys and values: the whole sequence's under context parallel (all-gathered).
-    attention = e * (d + 2 * kv * cp) / t + 2 * e * d / t + 4 * n / t
-    # Only masked SDPA builds a dense mask: "auto" resolves to it under context parallel alone
-    # (models/attention.py: choose_kernel), and "varlen" / "flex" keep no S×S tensor.
-    sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
+    # Keys and values: under context parallel those the kernel is given of the whole sequence.
+    kv_per_token = cp_key_rows(seq_len, cp, kernel) / (seq_len // cp) if cp > 1 else 1
+    attention = e * (d + 2 * kv * kv_per_token) / t + 2 * e * d / t + 4 * n / t
+    # Only masked SDPA builds a dense mask ("varlen" and "flex" keep no S×S tensor).
+    sdpa_mask = args.attn_mask_type == "block_causal" and kernel == "sdpa"
     per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)
     if per_block_mask:
         attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
@@ -108,18 +131,27 @@ def block_activations(
 
 
 def shared_activations(
-    args: LlamaArgs, *, local_batch_size: int, seq_len: int, cp: int, compute_bytes: int
-) -> int:
-    """What the model builds once per forward and every block reads: the masks and, under
-    context parallel, the RoPE rows of this rank's positions."""
+    args: LlamaArgs,
+    *,
+    local_batch_size: int,
+    seq_len: int,
+    cp: int,
+    compute_bytes: int,
+    kernel: str,
+) -> float:
+    """What the model builds once per forward and every block reads: the masks (or varlen's
+    key rows) and, under context parallel, the RoPE rows of this rank's positions."""
     e = compute_bytes
     if cp > 1:
         rows = seq_len // cp  # this rank's query positions
+        rope_rows = rows * (1 if args.rope_positions == "window" else local_batch_size)
+        rope = rope_rows * args.head_dim // 2 * 8  # complex64
+        if kernel == "varlen":  # int64 key rows of the pieces (their bounds are a few ints)
+            return 8 * local_batch_size * cp_key_rows(seq_len, cp, kernel) + rope
         per_sequence = args.attn_mask_type == "block_causal"
         masks = e * rows * seq_len * (local_batch_size if per_sequence else 1)
-        rope_rows = rows * (1 if args.rope_positions == "window" else local_batch_size)
-        return masks + rope_rows * args.head_dim // 2 * 8  # complex64
-    sdpa_mask = args.attn_mask_type == "block_causal" and args.attn_type == "sdpa"
+        return masks + rope
+    sdpa_mask = args.attn_mask_type == "block_causal" and kernel == "sdpa"
     return local_batch_size * seq_len * seq_len if sdpa_mask else 0  # boolean
 
 
@@ -132,28 +164,23 @@ def activations(
     cp: int,
     loss_parallel: bool,
     compute_bytes: int,
+    device_type: str = "cuda",
 ) -> ActivationTerms:
     """The terms of a micro-batch of `local_batch_size` sequences of `seq_len` tokens (the whole
-    sequence: `cp` ranks share each) on one rank of `tp` tensor-parallel ranks."""
+    sequence: `cp` ranks share each) on one rank of `tp` tensor-parallel ranks, with attention
+    through the kernel "auto" picks on `device_type`."""
     e, d, t = compute_bytes, args.dim, tp
     tokens = local_batch_size * seq_len // cp  # this rank's tokens
-    full_block, block_input, op_block = block_activations(
-        args,
-        local_batch_size=local_batch_size,
-        seq_len=seq_len,
-        tp=tp,
-        cp=cp,
-        compute_bytes=compute_bytes,
-    )
+    kernel = attention_kernel(args, device_type=device_type, compute_bytes=e, cp=cp)
+    shape = dict(local_batch_size=local_batch_size, seq_len=seq_len, cp=cp, compute_bytes=e)
+    full_block, block_input, op_block = block_activations(args, tp=tp, kernel=kernel, **shape)
     logits_width = args.vocab_size / t if (loss_parallel or t == 1) else args.vocab_size
     return ActivationTerms(
         full_block=full_block,
         block_input=block_input,
         op_block=op_block,
         outside=tokens * ((4 * d + 4) / t + e * d + 4 * logits_width),
-        shared=shared_activations(
-            args, local_batch_size=local_batch_size, seq_len=seq_len, cp=cp, compute_bytes=e
-        ),
+        shared=shared_activations(args, kernel=kernel, **shape),
         loss_backward=tokens * 4 * logits_width,
     )
 

@@ -6,7 +6,8 @@ to earlier tokens of its own document. Document boundaries come from the input t
 (a document starts at each `args.bos_id`), so no data format carries them. The mask is built once
 per forward, before the blocks, and every block receives the same object, the one its kernel
 (`args.attn_type`, "auto" resolved for the device and dtype) takes: `Documents` (the document
-starts) for "varlen", a `BlockMask` for FlexAttention, a boolean (batch, 1, seq, seq) tensor for
+starts, or under context parallel the pieces of documents each rank's queries attend to) for
+"varlen", a `BlockMask` for FlexAttention, a boolean (batch, 1, seq, seq) tensor for
 masked SDPA, None for causal SDPA.
 
 RoPE positions (`args.rope_positions`): "window" counts from the window start; "document"
@@ -36,6 +37,7 @@ from models.attention import (
     causal_block_mask,
     choose_kernel,
     document_ids,
+    document_pieces,
     document_positions,
     documents,
 )
@@ -214,9 +216,11 @@ class Transformer(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> AttentionMask:
         """The mask every block uses for this batch of (batch, seq) tokens. With `positions`
-        (query positions, key positions in the window), the mask of those queries against those
-        keys, additive in `dtype`: SDPA saves a float mask for backward as it is, so every block
-        shares this one, where it would save a float copy of a boolean mask per block."""
+        (query positions, key positions in the window), the attention of those queries against
+        those keys: for varlen the pieces that need computing (`Documents` with the key rows of
+        each, no mask); for SDPA an additive mask in `dtype` (SDPA saves a float mask for
+        backward as it is, so every block shares this one, where it would save a float copy of
+        a boolean mask per block)."""
         a = self.args
         if a.attn_mask_type == "block_causal" and a.bos_id < 0:
             raise ValueError("block_causal attention needs args.bos_id (the BOS token id)")
@@ -227,8 +231,13 @@ class Transformer(nn.Module):
             a.attn_type, a.attn_mask_type, device, compute, positions is not None
         )
         if positions is not None:
+            if kernel == "varlen":
+                block_causal = a.attn_mask_type == "block_causal"
+                return document_pieces(tokens, a.bos_id, *positions, within_documents=block_causal)
             if kernel != "sdpa":
-                raise ValueError("attention between chosen positions needs attn_type = 'sdpa'")
+                raise ValueError(
+                    "attention between chosen positions needs attn_type 'sdpa' or 'varlen'"
+                )
             return self._positions_mask(tokens, positions, dtype)
         if a.attn_mask_type == "causal":
             return None if kernel in ("sdpa", "varlen") else self._causal_block_mask(tokens)

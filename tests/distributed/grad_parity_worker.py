@@ -32,18 +32,22 @@ class Layout:
     schedule: str = "1F1B"
     cp: int = 1
     load_balancer: str = "headtail"
+    model: dict = field(default_factory=dict)  # LlamaArgs overrides (the mask and its kernel)
 
     @property
     def world(self) -> int:
         return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
 
-def _model_args():
+def _model_args(overrides: dict):
     from models.llama import FLAVORS
     from titanlite.data import Tokenizer, resolve_tokenizer_path
 
     vocab = Tokenizer(resolve_tokenizer_path("")).vocab_size
-    return FLAVORS["debugmodel"].with_overrides(vocab_size=vocab, max_seq_len=SEQ)
+    # "auto", as every preset: causal SDPA, and per-piece varlen under context parallel.
+    return FLAVORS["debugmodel"].with_overrides(
+        **{"vocab_size": vocab, "max_seq_len": SEQ, "attn_type": "auto", **overrides}
+    )
 
 
 def _float8_options():
@@ -53,9 +57,15 @@ def _float8_options():
     return Float8Options(emulate=True, float8_collectives=False)
 
 
-def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(args) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
-    tokens = torch.randint(0, vocab, (BATCH, SEQ + 1), generator=g)
+    tokens = torch.randint(0, args.vocab_size, (BATCH, SEQ + 1), generator=g)
+    tokens[tokens == args.bos_id] = args.bos_id + 1
+    if args.attn_mask_type == "block_causal":
+        # Documents that start mid-chunk and cross the context-parallel chunk borders (16 tokens
+        # at cp 2), of different lengths in different rows.
+        for row in range(BATCH):
+            tokens[row, [0, 5 + row, 21 + 2 * row, 40 - row]] = args.bos_id
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -63,7 +73,7 @@ def _clean(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-def reference_grads(float8: bool, splits: int = 1) -> dict[str, torch.Tensor]:
+def reference_grads(float8: bool, splits: int = 1, model: tuple = ()) -> dict[str, torch.Tensor]:
     """One process, no parallelism. With `splits`, the batch is cut as data parallel cuts it and
     the parts' gradients averaged: float8 scales each tensor by its amax, which under data
     parallel is the amax of a rank's part of the batch, so a float8 layout is compared with
@@ -72,14 +82,14 @@ def reference_grads(float8: bool, splits: int = 1) -> dict[str, torch.Tensor]:
     from parallelisms.float8 import convert_to_float8
     from titanlite.components.loss import cross_entropy_loss
 
-    args = _model_args()
+    args = _model_args(dict(model))
     with torch.device("meta"):
         model = Transformer(args)
     if float8:
         convert_to_float8(model, _float8_options())
     model.to_empty(device="cpu")
     model.init_weights(SEED)
-    inputs, labels = _batch(args.vocab_size)
+    inputs, labels = _batch(args)
     for part_in, part_lab in zip(inputs.chunk(splits), labels.chunk(splits)):
         (cross_entropy_loss(model(part_in), part_lab) / splits).backward()
     return {_clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -93,7 +103,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     from parallelisms.tensor_parallel import loss_context
     from titanlite.components.loss import cross_entropy_loss, local_batch, model_kwargs
 
-    args = _model_args()
+    args = _model_args(layout.model)
     dims = ParallelDims.resolve(
         layout.dp_replicate, layout.dp_shard, layout.tp, layout.world, layout.pp, layout.cp
     )
@@ -107,7 +117,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
     )
     with torch.device("meta"):
         model = Transformer(args)
-    inputs, labels = _batch(args.vocab_size)
+    inputs, labels = _batch(args)
     dp_rank, dp_size = (meshes.dp.get_local_rank(), meshes.dp.size()) if meshes.dp else (0, 1)
     per_rank = BATCH // dp_size
     inputs = inputs[dp_rank * per_rank : (dp_rank + 1) * per_rank]
@@ -218,7 +228,8 @@ def run(rank: int, world: int, layouts: dict[str, dict], out: str) -> None:
     for name, spec in layouts.items():
         layout = Layout(**spec)
         assert layout.world == world, (name, layout.world, world)
-        key = (layout.float8, layout.dp_replicate * layout.dp_shard if layout.float8 else 1)
+        splits = layout.dp_replicate * layout.dp_shard if layout.float8 else 1
+        key = (layout.float8, splits, tuple(sorted(layout.model.items())))
         if key not in refs:
             refs[key] = reference_grads(*key)
         torch._dynamo.reset()  # each layout compiles from scratch, as a fresh run would

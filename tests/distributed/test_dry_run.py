@@ -78,14 +78,14 @@ def test_context_parallel_plans_at_128k_tokens(preset, world, mesh):
     assert float(out.split("planned in ")[1].split("s")[0]) < 60
     # Against the same job without context parallel: what is proportional to this rank's
     # tokens (each checkpointed block's input, the final norm, the logits and their gradient)
-    # shrinks 8 times. Without cp the preset's attn_type "auto" runs the per-document kernel,
-    # which builds no mask; with cp it runs masked SDPA, whose rows of the additive mask in bf16
-    # (seq/8 x seq x 2 bytes) and of the RoPE table are added.
+    # shrinks 8 times. The preset's attn_type "auto" runs the per-document kernel, which builds
+    # no mask with or without cp; with cp it adds the int64 key rows of its pieces
+    # (seq x (1 + 1/16) at cp 8) and this rank's rows of the RoPE table.
     with_cp = plan(config.load(["--config", preset, *cp8]), world)
     without = plan(config.load(["--config", preset, *LONG_CONTEXT]), world)
     assert with_cp.cp == 8 and without.cp == 1
     assert with_cp.tokens_per_rank * 8 == without.tokens_per_rank == 131072
-    rows = 2 * 16384 * 131072 + 16384 * 64 * 8  # head_dim 128: 64 complex64 rotations per row
+    rows = 8 * 131072 * 17 // 16 + 16384 * 64 * 8  # head_dim 128: 64 complex64 per RoPE row
     saved = "activations (saved)"
     assert with_cp.bytes[saved] - rows == pytest.approx(without.bytes[saved] / 8, rel=1e-6)
     # The recomputed block keeps the whole sequence's keys and values (all-gathered), so it

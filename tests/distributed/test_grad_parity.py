@@ -27,6 +27,8 @@ FLOAT8_RTOL = 6e-2
 
 FSDP2_TP2 = {"dp_shard": 2, "tp": 2}
 AC_OP = {"ac_mode": "selective", "ac_option": "op"}
+# Documents that cross the cp chunk borders (grad_parity_worker._batch plants the BOS tokens).
+DOCUMENTS = {"attn_mask_type": "block_causal", "bos_id": 1}
 WORLD2 = {
     "fsdp2": {"dp_shard": 2},
     "ddp2": {"dp_replicate": 2},
@@ -39,9 +41,11 @@ WORLD2 = {
     "pp2_1f1b": {"pp": 2},
     "pp2_interleaved1f1b": {"pp": 2, "schedule": "Interleaved1F1B"},
     "pp2_zbv": {"pp": 2, "schedule": "ZBVZeroBubble"},
-    # Context parallel (causal here: random tokens, no document mask; the layout-parity test
-    # trains with block_causal documents).
+    # Context parallel: attn_type "auto" runs the per-piece varlen kernel (causal, and
+    # block_causal documents), "sdpa" the dense additive mask.
     "cp2": {"cp": 2},
+    "cp2_documents": {"cp": 2, "model": DOCUMENTS},
+    "cp2_documents_sdpa": {"cp": 2, "model": {**DOCUMENTS, "attn_type": "sdpa"}},
     "cp2_contiguous": {"cp": 2, "load_balancer": "none"},
     "cp2_compile": {"cp": 2, "opts": {"compile": True}},
 }
@@ -60,7 +64,7 @@ WORLD4 = {
     "fsdp2_tp2_float8": {**FSDP2_TP2, "float8": True},
     "pp2_fsdp2": {"pp": 2, "dp_shard": 2},
     "pp2_tp2": {"pp": 2, "tp": 2},
-    "cp4": {"cp": 4},
+    "cp4_documents": {"cp": 4, "model": DOCUMENTS},
     "cp2_fsdp2": {"cp": 2, "dp_shard": 2},
     "cp2_hsdp": {"cp": 2, "dp_replicate": 2},
     "cp2_tp2": {"cp": 2, "tp": 2},

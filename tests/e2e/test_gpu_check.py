@@ -23,6 +23,7 @@ def test_gpu_check_smoke_runs_every_check(tmp_path):
         "e": "SKIPPED",
         "f": "SKIPPED",
         "g": "PASS",
+        "h": "PASS",
     }, summary["results"]
     by_check = {r["check"]: r for r in summary["results"]}
     assert "needs the CUDA caching allocator" in by_check["e"]["figure"]
@@ -33,8 +34,9 @@ def test_gpu_check_smoke_runs_every_check(tmp_path):
     assert len(grads) == 21 and all(r["rel"] is not None and not r["lost"] for r in grads.values())
     assert "tok_embeddings.weight" in proc.stdout and "rel " in proc.stdout
     assert "'auto' (varlen)" in by_check["g"]["name"]  # the default kernel is the one compared
-    for key in "abcdefg":
+    assert "cp 2/4/8" in by_check["h"]["name"]
+    for key in "abcdefgh":
         assert f"({key}) " in proc.stdout
     table = (tmp_path / "gpu_check" / "gpu_check.txt").read_text()
-    assert table.count("| PASS |") == 5 and table.count("| SKIPPED |") == 2
+    assert table.count("| PASS |") == 6 and table.count("| SKIPPED |") == 2
     assert (tmp_path / "gpu_check" / "logs" / "c_resumed.log").exists()

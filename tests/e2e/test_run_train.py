@@ -74,8 +74,9 @@ def test_two_ranks_with_float8_log_only_rank0_by_default(tmp_path):
 
 @pytest.mark.slow
 def test_context_parallel_trains_long_windows_from_the_cli(tmp_path):
-    """The issue's command: 1024-token windows cut over 2 context-parallel ranks."""
-    check(
+    """The issue's command: 1024-token windows cut over 2 context-parallel ranks, attending per
+    document piece (no mask)."""
+    proc = check(
         run_script(
             "run_train.sh",
             [
@@ -95,6 +96,7 @@ def test_context_parallel_trains_long_windows_from_the_cli(tmp_path):
             NGPU="2",
         )
     )
+    assert "attention: block_causal through 'varlen' (auto)" in proc.stdout + proc.stderr
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert records[-1]["loss"] < records[0]["loss"] - 0.3, [r["loss"] for r in records]

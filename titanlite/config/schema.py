@@ -75,11 +75,13 @@ class Model:
     print_after_conversion: bool = opt(False, "print the model after conversion")
     attn_type: str = opt(
         "auto",
-        "attention kernel: 'auto' picks per device (block_causal: per-document 'varlen' on CPU "
-        "and on CUDA in 16-bit, FlexAttention on CUDA in float32, masked 'sdpa' under context "
-        "parallel; causal: SDPA's is_causal); 'sdpa' (a dense mask for block_causal), 'flex' "
-        "(compiled FlexAttention; training needs a GPU), 'varlen' (attention per document: "
-        "torch's flash varlen on CUDA, titanlite's CPU kernel; docs/performance.md)",
+        "attention kernel: 'auto' picks per device (block_causal, and any mask under context "
+        "parallel: per-document 'varlen' on CPU and on CUDA in 16-bit; on CUDA in float32 "
+        "FlexAttention, or masked 'sdpa' under context parallel; causal: SDPA's is_causal); "
+        "'sdpa' (a dense mask for block_causal and under context parallel), 'flex' (compiled "
+        "FlexAttention; training needs a GPU; not under context parallel), 'varlen' "
+        "(attention per document: torch's flash varlen on CUDA, titanlite's CPU kernel; "
+        "docs/performance.md)",
         choices=["auto", "sdpa", "flex", "varlen"],
     )
     attn_mask_type: str = opt(

@@ -78,10 +78,12 @@ def estimate_activations(
     cp: int = 1,
     memory_budget: float = 1.0,
     family: ModelFamily | None = None,
+    device_type: str = "cuda",
 ) -> ActivationEstimate:
     """`blocks_held` and `has_output` describe a pipeline stage (default: the whole model);
     `cp` is the context-parallel degree (`seq_len` stays the whole sequence); `memory_budget`
-    is read under `ac_mode` "memory_budget"; `family` defaults to the one whose args `args` are."""
+    is read under `ac_mode` "memory_budget"; `family` defaults to the one whose args `args` are;
+    `device_type` is where the kernels run (it picks the attention kernel)."""
     family = family or family_of_args(args)
     terms = family.estimator.activations(
         args,
@@ -91,6 +93,7 @@ def estimate_activations(
         cp=cp,
         loss_parallel=loss_parallel,
         compute_bytes=compute_bytes,
+        device_type=device_type,
     )
     layers = args.n_layers if blocks_held is None else blocks_held
     blocks, recompute = checkpointed_blocks(terms, layers, ac_mode, ac_option, memory_budget)

@@ -197,7 +197,7 @@ def plan(
     start = time.perf_counter()
     pre, built, sizes = _build_on_meta(job, world_size, rank, device_type, vocab_size)
     dims, t = pre.dims, job.training
-    act, pipeline, batch = _activations(job, pre, built, rank)
+    act, pipeline, batch = _activations(job, pre, built, rank, device_type)
     unsharded = _fsdp_unsharded(job, pre, built)
     if unsharded is not None:
         sizes["FSDP unsharded params/grads"] = unsharded
@@ -284,7 +284,7 @@ def _build_on_meta(
 
 
 def _activations(
-    job: JobConfig, pre: Preflight, built: BuiltModel, rank: int
+    job: JobConfig, pre: Preflight, built: BuiltModel, rank: int, device_type: str
 ) -> tuple[ActivationEstimate, str, int]:
     """(this rank's activations, the pipeline summary, sequences per micro-batch)."""
     dims, opts, t = pre.dims, built.options, job.training
@@ -310,6 +310,7 @@ def _activations(
         has_output=has_output,
         cp=dims.cp,
         family=built.family,
+        device_type=device_type,
     )
     if in_flight > 1:
         act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)

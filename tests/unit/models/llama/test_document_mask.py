@@ -104,8 +104,9 @@ def test_flex_forward_matches_the_masked_sdpa_path(monkeypatch):
 def test_documents_start_at_every_bos_and_every_sequence_start():
     tokens = torch.tensor([[5, 5, BOS, 5, BOS, BOS], [BOS, 5, 5, 5, 5, 5], [5] * 6])
     docs = documents(tokens, BOS)
-    assert docs.cu_seqlens.tolist() == [0, 2, 4, 5, 6, 12, 18]
-    assert docs.cu_seqlens.dtype == torch.int32 and docs.max_len == 6
+    assert docs.cu_seqlens_q.tolist() == [0, 2, 4, 5, 6, 12, 18]
+    assert docs.cu_seqlens_k is docs.cu_seqlens_q and docs.key_index is None
+    assert docs.cu_seqlens_q.dtype == torch.int32 and docs.max_q == docs.max_k == 6
 
 
 def _varlen_tokens() -> torch.Tensor:
