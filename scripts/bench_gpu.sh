@@ -3,7 +3,8 @@
 #  1. the correctness pass, scripts/gpu_check.py: compiled vs eager per-parameter gradients,
 #     float8 vs bf16 over 50 steps, async_with_pinned_mem save + bit-exact resume,
 #     training.deterministic twice, a memory snapshot, the dry run vs the allocator's peak,
-#     the default block_causal kernel vs masked SDPA over 20 steps;
+#     the default block_causal kernel vs masked SDPA over 20 steps, context parallel's
+#     per-document pieces through flash varlen vs one masked SDPA;
 #  2. the benchmark, scripts/bench_float8.py: bf16 vs float8 tensorwise, with and without
 #     compile, on the largest Llama-3-8B-shaped model that fits one GPU;
 #  3. scripts/bench_attention.py: forward + backward tokens/s and step peak memory of varlen
