@@ -244,12 +244,6 @@ def check_layout(
             "data_parallel_replicate_degree > 1 with data_parallel_shard_degree = 1 (DDP) does not "
             "compose with tensor parallel; use data_parallel_shard_degree > 1 (FSDP / HSDP) instead"
         )
-    if compile and dims.tp > 1 and not dims.fsdp_enabled:
-        raise LayoutError(
-            "training.compile with tensor parallel but no FSDP fails in backward on torch 2.13 "
-            "(DTensor redistribute receives a plain tensor); add data_parallel_shard_degree > 1 "
-            "or turn compile off"
-        )
     if async_tp:
         if dims.tp == 1:
             raise LayoutError(

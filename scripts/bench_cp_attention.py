@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         f"per-rank attention forward + backward (ms, median of {a.repeats}), seq {a.seq}, "
         f"{HEADS}/{KV_HEADS} heads of {HEAD_DIM}, float32, {a.threads} thread(s), head-tail cut"
     )
-    print("| mask | cp | rank | pieces ('auto') | masked 'sdpa' | sdpa / pieces | pairs / S²/(2cp) |")
+    print(
+        "| mask | cp | rank | pieces ('auto') | masked 'sdpa' | sdpa / pieces | pairs / S²/(2cp) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mask in ("causal", "block_causal"):
         tokens = window(a.seq, mask, g)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from trainer_jobs import layout_facts
 
 SEED, BATCH, SEQ = 0, 8, 64
 
@@ -95,7 +96,9 @@ def reference_grads(float8: bool, splits: int = 1, model: tuple = ()) -> dict[st
     return {_clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
+def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
+    """Every parameter's full gradient under `layout`; `facts` gets what the layout did
+    (trainer_jobs.layout_facts)."""
     from models.llama import Transformer
     from parallelisms import ParallelDims, ParallelizeOptions
     from parallelisms.context_parallel import SequenceShards
@@ -141,6 +144,7 @@ def layout_grads(layout: Layout) -> dict[str, torch.Tensor | None]:
             with loss_context(opts.loss_parallel):
                 loss = loss_fn(model(mb_in, **model_kwargs(mb_window)), mb_lab) / n
                 loss.backward()
+    facts.update(layout_facts(model, shards))
     grads: dict[str, torch.Tensor | None] = {}
     for name, p in model.named_parameters():
         g = p.grad
@@ -233,16 +237,18 @@ def run(rank: int, world: int, layouts: dict[str, dict], out: str) -> None:
         if key not in refs:
             refs[key] = reference_grads(*key)
         torch._dynamo.reset()  # each layout compiles from scratch, as a fresh run would
+        torch._dynamo.utils.counters.clear()
         start = time.perf_counter()
+        facts: dict = {}
         try:
-            result = compare(layout_grads(layout), refs[key])
+            result = {**compare(layout_grads(layout, facts), refs[key]), **facts}
         except Exception:
             result = {"error": traceback.format_exc()[-3000:]}
             # Said at once: under pipeline parallel its peers may then wait in a P2P exchange
             # until the test times out, and only rank 0 writes the results.
             print(f"rank {rank}, layout {name}:\n{result['error']}", file=sys.stderr, flush=True)
         if layout.opts.get("compile"):
-            # The compiled layouts must really have run compiled graphs.
+            # Counted since this layout began (reset() leaves the counters alone): graphs ran.
             result["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         result["seconds"] = round(time.perf_counter() - start, 1)
         results[name] = result

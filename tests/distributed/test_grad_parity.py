@@ -36,6 +36,7 @@ WORLD2 = {
     "tp2_no_loss_parallel": {"tp": 2, "opts": {"loss_parallel": False}},
     "fsdp2_accum2": {"dp_shard": 2, "microbatches": 2},
     "fsdp2_compile": {"dp_shard": 2, "opts": {"compile": True}},
+    "tp2_compile": {"tp": 2, "opts": {"compile": True}},
     # Pipeline parallel (torch.distributed.pipelining): a zero-bubble schedule computes the
     # input and weight gradients apart.
     "pp2_1f1b": {"pp": 2},
@@ -95,22 +96,42 @@ def world4(tmp_path_factory):
     return _results(tmp_path_factory, 4, WORLD4)
 
 
-def _check(name: str, r: dict, rtol: float) -> None:
+def _check(name: str, r: dict, rtol: float, spec: dict) -> None:
     assert "error" not in r, r["error"]
     assert not r["lost"], f"{name}: zero or missing gradients {r['lost']}"
     assert not r["unexpected"], r["unexpected"]
     assert r["worst"] <= rtol, f"{name}: {r['worst_param']} off by {r['worst']:.2e}"
-    if "graphs" in r:
-        assert r["graphs"] > 0, f"{name}: nothing was compiled"
+    # What parity cannot see (an uncompiled block, a contiguous cut train the same model): every
+    # block compiled when compile is on, and each cp rank held the chunks its balancer gives.
+    blocks = {".".join(k.split(".")[:2]) for k in r["errors"] if k.startswith("layers.")}
+    if spec.get("opts", {}).get("compile"):
+        assert blocks <= set(r["compiled"]) and r["graphs"] > 0, (r["compiled"], r["graphs"])
+    else:
+        assert not r["compiled"], r["compiled"]
+    cp, held = spec.get("cp", 1), {int(k): v for k, v in r["cp_positions"].items()}  # JSON keys
+    assert sorted(held) == list(range(cp if cp > 1 else 0))
+    for rank, positions in held.items():
+        assert positions == _cp_positions(cp, rank, spec.get("load_balancer", "headtail"))
+    if name == "cp2":  # written out: rank 0 holds the first and last quarter
+        assert held[0] == [*range(16), *range(48, 64)]
+    if name == "cp2_contiguous":
+        assert held[0] == list(range(32))
+
+
+def _cp_positions(cp: int, rank: int, balancer: str, seq: int = 64) -> list[int]:
+    if balancer == "none":
+        return list(range(rank * seq // cp, (rank + 1) * seq // cp))
+    chunk, tail = seq // (2 * cp), 2 * cp - 1 - rank
+    return [*range(rank * chunk, (rank + 1) * chunk), *range(tail * chunk, (tail + 1) * chunk)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WORLD2))
 def test_two_rank_layout_gradients(world2, name):
-    _check(name, world2[name], RTOL)
+    _check(name, world2[name], RTOL, WORLD2[name])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WORLD4))
 def test_four_rank_layout_gradients(world4, name):
-    _check(name, world4[name], FLOAT8_RTOL if WORLD4[name].get("float8") else RTOL)
+    _check(name, world4[name], FLOAT8_RTOL if WORLD4[name].get("float8") else RTOL, WORLD4[name])

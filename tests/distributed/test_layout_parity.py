@@ -19,8 +19,10 @@ parallelism (FSDP, DDP, HSDP, TP, CP, PP, AC, compile). test_grad_parity.py prov
 forward/backward per layout, the layouts not repeated here: FSDP 4, TP 4, TP 2 without loss
 parallel, FSDP 2 x TP 2 (plain, accumulation, full and op AC, float8),
 CP 2 compiled, FSDP 2 compiled, PP 2 with
-Interleaved1F1B and ZBVZeroBubble, PP 2 x FSDP 2, PP 2 x TP 2, CP 4, CP 2 contiguous, CP 2 x FSDP
-2, CP 2 x HSDP, CP 2 x TP 2 (with op AC) and PP 2 x CP 2. test_checkpoint.py resumes and
+Interleaved1F1B and ZBVZeroBubble, PP 2 x FSDP 2, PP 2 x TP 2, CP 2 and CP 4 with documents (CP 2
+also through masked SDPA), CP 2 contiguous, CP 2 x FSDP 2, CP 2 x HSDP, CP 2 x TP 2 (with op AC)
+and PP 2 x CP 2. Both tests also check what parity cannot see: every block compiled where
+compile is on, and the positions each cp rank holds. test_checkpoint.py resumes and
 reshards across one process, FSDP 2, TP 2, CP 2 and FSDP 2 x TP 2; test_float8_training.py
 trains float8 under FSDP 2 and FSDP 2 x TP 2."""
 
@@ -103,6 +105,9 @@ LAYOUTS = {
     ),
     # The one compiled pipeline case (compile costs ~15 s per graph on CPU).
     "pp2_compile": (2, [LBS, "8", PP, "2", "--training.compile"]),
+    # Tensor parallel compiled without FSDP: refused by preflight until the embedding's
+    # reduce-scatter was made to finish before the first compiled block (docs/parallelism.md).
+    "tp2_compile": (2, [LBS, "8", TP, "2", "--training.compile"]),
     # Context parallel under block_causal documents: at seq 64 the head-tail cut makes chunks
     # of 16 tokens (8 under CP 4) and the paragraphs are longer, so documents straddle the
     # chunk borders (and the ranks' borders) in every window.
@@ -208,3 +213,27 @@ def test_layout_matches_single_process(world, name):
         torch.testing.assert_close(result["weights"][key], ref, rtol=RTOL, atol=RTOL, msg=key)
     # The run must have learned something, or equal losses would prove little.
     assert baseline["losses"][-1] < baseline["losses"][0] - 0.5
+    _check_layout_facts(name, result, baseline)
+
+
+def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:
+    """The layout did what it was configured to do, which parity cannot see (an uncompiled
+    block, or a contiguous cut, trains the same model): every block compiled when compile is on
+    (a compiled loss alone adds graphs too), and each cp rank held its head-tail chunks."""
+    overrides = LAYOUTS[name][1]
+    blocks = {".".join(k.split(".")[:2]) for k in baseline["weights"] if k.startswith("layers.")}
+    if "--training.compile" in overrides:
+        assert blocks <= set(result["compiled"]), result["compiled"]
+    else:
+        assert not result["compiled"], result["compiled"]
+    cp = int(overrides[overrides.index(CP) + 1]) if CP in overrides else 1
+    assert sorted(result["cp_positions"]) == list(range(cp if cp > 1 else 0))
+    if cp > 1:  # seq 64 in 2·cp chunks; rank r holds chunks r and 2·cp-1-r
+        chunk = 64 // (2 * cp)
+        for r, held in result["cp_positions"].items():
+            tail = 2 * cp - 1 - r
+            want = [*range(r * chunk, (r + 1) * chunk), *range(tail * chunk, (tail + 1) * chunk)]
+            assert held == want, (r, held)
+        if cp == 2:  # the same, written out
+            assert result["cp_positions"][0] == [*range(16), *range(48, 64)]
+            assert result["cp_positions"][1] == list(range(16, 48))

@@ -11,7 +11,8 @@ or train(), close) on a group the ranks made before the first job (helpers.spawn
 trainer therefore leaves alone. Rank 0 saves each job's result: every step's loss and gradient
 norm, the step it resumed from, the tokens it has seen and, with `record`, the full gradients
 of step 1 (after clipping, as the optimizer saw them) and the full final weights, gathered from
-shards and pipeline stages, with the names of those whose copies on different ranks differ.
+shards and pipeline stages, with the names of those whose copies on different ranks differ, and
+what the layout did (`layout_facts`: the compiled modules, each cp rank's positions).
 A job that fails ends the group: the jobs after it have no result, and result() says why.
 """
 
@@ -94,6 +95,31 @@ def full_tensors(model: torch.nn.Module, what: str) -> tuple[dict[str, torch.Ten
     return merged, sorted(differ)
 
 
+def layout_facts(model: torch.nn.Module, shards) -> dict:
+    """What the layout did on every rank, for tests to compare with what was configured: the
+    names of the compiled modules (merged over ranks and stages) and, under context parallel,
+    the window positions each rank held in its last step (`shards`: the SequenceShards).
+    Collective."""
+    compiled = [
+        _clean(name)
+        for name, module in model.named_modules()
+        if getattr(module, "_compiled_call_impl", None) is not None
+    ]
+    held = None
+    if shards is not None:
+        held = (shards.mesh.get_local_rank(), shards.positions.tolist())
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (compiled, held))
+    positions = {}
+    for _, rank_held in everyone:
+        if rank_held is not None:
+            positions[rank_held[0]] = rank_held[1]
+    return {
+        "compiled": sorted({n for names, _ in everyone for n in names}),
+        "cp_positions": positions,
+    }
+
+
 class FirstStepGradients:
     """The trainer's own step, unchanged, that keeps the gradients its first call leaves."""
 
@@ -129,6 +155,7 @@ def run_job(argv: list[str], record: bool) -> dict:
         if record:
             result["grads"], result["grads_differ"] = first.grads, first.differ
             result["weights"], result["weights_differ"] = full_tensors(trainer.model, "param")
+            result.update(layout_facts(trainer.model, first.step.sequence_shards))
         return result
     finally:
         trainer.close()

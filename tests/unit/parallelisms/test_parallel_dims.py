@@ -129,7 +129,6 @@ LAYOUT = dict(
         ((1, -1, 2), 2, {"async_tp": True}, "enable_async_tensor_parallel needs CUDA GPUs"),
         ((1, -1, 1), 2, {"async_tp": True}, "needs tensor_parallel_degree > 1"),
         ((2, 1, 2), 4, {}, "does not compose with tensor parallel"),
-        ((1, -1, 2), 2, {"compile": True}, "training.compile with tensor parallel but no FSDP"),
     ],
 )
 def test_bad_layouts(degrees, world, overrides, message):
