@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, clean_env, run_script
+from helpers import DEBUG_CONFIG, ROOT, clean_env, free_port, run_script
 
 from titanlite.components.checkpoint.storage import load_full_state_dict
 
@@ -72,6 +72,63 @@ def test_every_rank_stops_at_the_same_step_without_saving_it(tmp_path):
     for step in (1, 2):
         assert all_finite(load_full_state_dict(tmp_path / "checkpoint" / f"step-{step}"))
     assert [r["step"] for r in strict_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        [],  # FSDP 2: the bad rank's gradients reach the others through the reduce-scatter
+        [  # DDP 2: through the all-reduce
+            "--parallelism.data_parallel_replicate_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ],
+    ],
+    ids=["fsdp2", "ddp2"],
+)
+def test_nan_on_one_rank_stops_every_rank_at_that_step_without_its_update(tmp_path, layout):
+    """Only rank 1's output turns NaN (its third forward); rank 0 computes finite values. Every
+    rank must still stop at step 3 with the same line, and none may apply the update."""
+    launch = [
+        sys.executable,
+        "-m",
+        "titanlite.launch",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        f"--master_port={free_port()}",
+        "--local-ranks-filter",
+        "0,1",
+        "-m",
+        "titanlite.rank",
+        "corrupt_worker",
+    ]
+    args = [*DIVERGING, "--optimizer.lr", "1e-3", *layout, "--job.dump_folder", str(tmp_path)]
+    env = clean_env(
+        CORRUPT_RANK="1",
+        CORRUPT_FORWARD="3",
+        PYTHONPATH=f"{ROOT / 'tests' / 'distributed'}:{ROOT}",
+    )
+    proc = subprocess.run(
+        [*launch, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "titanlite: error:" in line]
+    # Both ranks' own lines, then the launcher's copy: the same step on every rank.
+    assert len(errors) == 3 and len(set(errors)) == 1, errors
+    assert errors[0].startswith("titanlite: error: step 3: the gradient norm is nan")
+    assert saved_steps(tmp_path) == [1, 2]
+    # Every rank's weights at the end are step 2's, as saved: no rank applied step 3.
+    saved = load_full_state_dict(tmp_path / "checkpoint" / "step-2", ["model"])["model"]
+    for rank in (0, 1):
+        mine = torch.load(tmp_path / f"rank{rank}_params.pt", weights_only=True)
+        assert mine.keys() == saved.keys()
+        for name, local in mine.items():
+            full = saved[name]
+            if local.shape != full.shape:  # an FSDP shard: this rank's chunk of dim 0
+                full = full.chunk(2, dim=0)[rank]
+            assert torch.equal(local, full), (rank, name)
 
 
 @pytest.mark.slow
