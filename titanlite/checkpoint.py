@@ -1,12 +1,15 @@
 """`python -m titanlite.checkpoint verify PATH`: check a checkpoint against its manifest (every
-file there at its size and CRC32) and print what it holds; exit 1 with the problems otherwise."""
+file there at its size and CRC32) and that its `.metadata` is DCP metadata (read by the
+restricted unpickler, so a crafted one is named, never run), and print what it holds; exit 1
+with the problems otherwise."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from titanlite.components.checkpoint.storage import read_manifest, verify
+from titanlite.components.checkpoint.folder import CheckpointError
+from titanlite.components.checkpoint.storage import read_manifest, read_metadata, verify
 from titanlite.core.errors import USER_ERROR
 
 
@@ -16,6 +19,11 @@ def main(argv: list[str]) -> int:
         return USER_ERROR
     path = Path(argv[1])
     problems = verify(path)
+    if not problems:
+        try:
+            read_metadata(path)
+        except CheckpointError as e:
+            problems = [str(e)]
     if problems:
         print(f"{path}: {len(problems)} problem(s)")
         for p in problems:

@@ -15,13 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from helpers import (
+    DEBUG_CONFIG,
+    ONE_STEP,
     ROOT,
     check,
     clean_env,
     expect_one_line,
     in_pairs,
     preflight_cases,
+    run_python,
     run_train,
     save_hf_dataset,
 )
@@ -357,6 +361,51 @@ def test_convert_checkpoint_refuses_crafted_metadata_and_bad_destinations(saved_
     craft_metadata(ck, marker)
     proc = script("convert_checkpoint.py", "dcp-to-torch", ck, tmp_path / "other.pt")
     expect_one_line(proc, 2, "convert_checkpoint: error:", "names posix.system")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_every_reader_refuses_a_crafted_metadata_on_its_own(saved_run, tmp_path):
+    """Each way titanlite reads a checkpoint refuses a crafted `.metadata` by itself, not only
+    behind preflight's check: the readers, the trainer's resume, `checkpoint verify`, and
+    convert_checkpoint.py's readers (dcp-to-torch is in the test above)."""
+    from titanlite.components.checkpoint.folder import CheckpointError
+    from titanlite.components.checkpoint.storage import (
+        SafeFileSystemReader,
+        load_full_state_dict,
+        read_metadata,
+    )
+    from titanlite.preflight import checks as preflight
+    from titanlite.trainer.trainer import Trainer
+
+    ck = copy_run(saved_run, tmp_path)
+    marker = tmp_path / "exploit-ran"
+    craft_metadata(ck, marker)
+    refused = "names posix.system"
+    readers = {
+        "read_metadata": read_metadata,
+        "SafeFileSystemReader": lambda p: SafeFileSystemReader(str(p)).read_metadata(),
+        "load_full_state_dict": load_full_state_dict,
+    }
+    for name, read in readers.items():
+        with pytest.raises(CheckpointError, match=refused):
+            read(ck)
+            pytest.fail(f"{name} read the crafted metadata")
+    # The trainer's resume, with preflight's own look at the checkpoint skipped: preflight
+    # runs with checkpointing off, and the job then turns it on.
+    argv = ["--config", str(DEBUG_CONFIG), *ONE_STEP, "--job.dump_folder", str(tmp_path)]
+    job, pre = preflight.run(argv, 1)
+    job.checkpoint.enable_checkpoint = True
+    try:
+        with pytest.raises(CheckpointError, match=refused):
+            Trainer(job, pre).close()
+    finally:  # the trainer's group, left by the failed start: other tests here need none
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    verified = run_python(["-m", "titanlite.checkpoint", "verify", str(ck)])
+    assert verified.returncode == 1 and refused in verified.stdout, verified.stdout
+    to_hf = script("convert_checkpoint.py", "dcp-to-hf", ck, tmp_path / "hf")
+    expect_one_line(to_hf, 2, "convert_checkpoint: error:", refused)
     assert not marker.exists()
 
 

@@ -45,7 +45,6 @@ from titanlite.components.checkpoint.storage import (
     SafeFileSystemReader,
     SafeLoadPlanner,
     read_manifest,
-    read_metadata,
     verify,
     write_manifest,
 )
@@ -188,16 +187,20 @@ class CheckpointManager:
     def _load(self, path: Path, keys: list[str]) -> None:
         # The model's key names and shapes were checked by preflight (check_checkpoint).
         self._check_files(path)
+        # The reader DCP loads through is the first to unpickle `.metadata`: whatever read
+        # preflight did, this path must refuse a crafted one on its own.
+        reader = SafeFileSystemReader(str(path))
+        saved = reader.read_metadata().state_dict_metadata
         self._warn_model_differences(path)
         if "dataloader" in keys:
-            self._check_loader_state(path)
+            self._check_loader_state(path, saved)
         optimizer = self.states["optimizer"]
-        optimizer.flatten = optimizer_saved_flattened(read_metadata(path).state_dict_metadata)
+        optimizer.flatten = optimizer_saved_flattened(saved)
         start = time.perf_counter()
         try:
             dcp.load(
                 {k: self.states[k] for k in keys},
-                storage_reader=SafeFileSystemReader(str(path)),
+                storage_reader=reader,
                 planner=SafeLoadPlanner(),
                 process_group=self.pg,
             )
@@ -223,10 +226,10 @@ class CheckpointManager:
                 f"{path} was saved from a model with other hyper-parameters: " + "; ".join(differ)
             )
 
-    def _check_loader_state(self, path: Path) -> None:
+    def _check_loader_state(self, path: Path, saved: dict) -> None:
         """The saved loader state must be the kind this run's reader loads (text and prepared
-        shards keep different state); DCP would only say 'missing key'."""
-        saved = read_metadata(path).state_dict_metadata
+        shards keep different state); DCP would only say 'missing key'. `saved`: the
+        checkpoint's state_dict_metadata."""
         missing = [
             k
             for k in _leaf_keys(self.states["dataloader"].state_dict(), "dataloader")
