@@ -117,6 +117,53 @@ def torchrun(
     )
 
 
+def group_timeouts() -> list[tuple[list[int], float]]:
+    """(global ranks, collective timeout in seconds) of every process group of this rank (gloo:
+    the CPU backend's)."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.distributed_c10d._world
+    return [
+        (
+            sorted(world.pg_group_ranks[group]),
+            group._get_backend(torch.device("cpu")).options._timeout.total_seconds(),
+        )
+        for group in list(world.pg_map)
+    ]
+
+
+def launch_worker(
+    nproc: int, module: str, args: list[str], timeout: int = 600, **env: str
+) -> subprocess.CompletedProcess:
+    """`module`.main(args) on `nproc` ranks through titanlite.launch and titanlite.rank, as
+    run_train.sh starts titanlite.train, every rank's output shown: for the workers in
+    tests/distributed that plant a fault in a real run."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "titanlite.launch",
+        f"--nproc_per_node={nproc}",
+        "--nnodes=1",
+        f"--master_port={free_port()}",
+        "--local-ranks-filter",
+        ",".join(map(str, range(nproc))),
+        "-m",
+        "titanlite.rank",
+        module,
+        *args,
+    ]
+    path = f"{ROOT / 'tests' / 'distributed'}:{ROOT / 'tests'}:{ROOT}"
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(PYTHONPATH=path, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_script(
     script: str, args: list[str], timeout: int = 600, **env: str
 ) -> subprocess.CompletedProcess:

@@ -1,13 +1,17 @@
-"""comm.train_timeout_seconds reaches every process group the meshes create, not only the
-default one: on FSDP 2 x TP 2, a rank that stalls before a TP-group collective makes its TP peer
-time out after train_timeout seconds, and the whole group exits non-zero. (torch creates mesh
-groups with its own default, 30 minutes on gloo: that run would hang for half an hour.)"""
+"""Collective timeouts. comm.train_timeout_seconds reaches every process group the meshes
+create, not only the default one: on FSDP 2 x TP 2, a rank that stalls before a TP-group
+collective in step 2 makes its TP peer time out after train_timeout seconds, and the whole
+group exits non-zero. (torch creates mesh groups with its own default, 30 minutes on gloo: that
+run would hang for half an hour.) It applies from the end of the first step on, and never to the
+checkpoint's group, which keeps checkpoint.timeout_seconds: a slow first step, a slow writer and
+a slow Hugging Face export each finish (tests/distributed/fault_worker.py plants them)."""
 
+import json
 import re
 import time
 
 import pytest
-from helpers import DEBUG_CONFIG, torchrun
+from helpers import DEBUG_CONFIG, launch_worker, torchrun
 
 TRAIN_TIMEOUT = 5
 # Rank 3 stalls; its TP peer is rank 2 (tp is the innermost mesh dim).
@@ -70,3 +74,60 @@ def test_a_timed_out_group_restarts_and_resumes_from_its_checkpoint(tmp_path):
     assert re.search(rf"Timed out waiting {TRAIN_TIMEOUT * 1000}ms", proc.stderr)
     assert "resuming at step 1" in proc.stderr, proc.stderr[-6000:]
     assert "training done: 4 steps" in proc.stderr
+
+
+SLOW = 8  # seconds: over the training timeout below, under the start-up and checkpoint ones
+FAULTS = {
+    # Rank 1's first forward is late: its peers wait in step 1's first FSDP collective.
+    "slow_first_step": ("1", []),
+    # Rank 1 writes its part of the step-1 checkpoint late: rank 0 waits in the save.
+    "slow_writer": ("1", []),
+    # Rank 0 exports the final checkpoint as a Hugging Face folder, slower than even the
+    # checkpoint group's timeout: no other rank may wait for it in a collective.
+    "slow_export": ("0", ["--checkpoint.last_save_in_hf", "--checkpoint.timeout_seconds", "4"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_slow_first_step_writer_and_export_finish(tmp_path, fault):
+    rank, extra = FAULTS[fault]
+    args = [
+        "--config",
+        str(DEBUG_CONFIG),
+        "--model.n_layers",
+        "1",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--training.steps",
+        "3",
+        "--metrics.enable_tensorboard",
+        "false",
+        "--comm.train_timeout_seconds",
+        "3",
+        "--checkpoint.enable_checkpoint",
+        "--checkpoint.interval",
+        "1",
+        "--checkpoint.timeout_seconds",
+        "60",
+        *extra,
+        "--job.dump_folder",
+        str(tmp_path),
+    ]
+    start = time.time()
+    proc = launch_worker(
+        2, "fault_worker", args, FAULT=fault, FAULT_RANK=rank, FAULT_SECONDS=str(SLOW)
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert time.time() - start > SLOW  # the fault did delay the run
+    assert "training done: 3 steps" in proc.stderr
+    if fault == "slow_export":
+        assert (tmp_path / "checkpoint" / "hf-step-3" / "config.json").exists()
+    # After the first step every group but the checkpoint's has the training timeout, on every
+    # rank; the checkpoint's keeps its own.
+    ckpt_timeout = float(extra[-1]) if fault == "slow_export" else 60.0
+    for r in (0, 1):
+        timeouts = [t for _, t in json.loads((tmp_path / f"rank{r}_timeouts.json").read_text())]
+        assert sorted(timeouts) == sorted([3.0] * (len(timeouts) - 1) + [ckpt_timeout]), timeouts

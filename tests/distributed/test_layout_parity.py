@@ -219,7 +219,8 @@ def test_layout_matches_single_process(world, name):
 def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:
     """The layout did what it was configured to do, which parity cannot see (an uncompiled
     block, or a contiguous cut, trains the same model): every block compiled when compile is on
-    (a compiled loss alone adds graphs too), and each cp rank held its head-tail chunks."""
+    (a compiled loss alone adds graphs too), each cp rank held its head-tail chunks, and every
+    process group has the training timeout."""
     overrides = LAYOUTS[name][1]
     blocks = {".".join(k.split(".")[:2]) for k in baseline["weights"] if k.startswith("layers.")}
     if "--training.compile" in overrides:
@@ -237,3 +238,7 @@ def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:
         if cp == 2:  # the same, written out
             assert result["cp_positions"][0] == [*range(16), *range(48, 64)]
             assert result["cp_positions"][1] == list(range(16, 48))
+    # After step 1 every group the layout made (the default one, each mesh dimension's, the
+    # loss's) has the training timeout (the default 100 s), on every rank.
+    wrong = [(ranks, t) for ranks, t in result["group_timeouts"] if t != 100.0]
+    assert result["group_timeouts"] and not wrong, wrong

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from helpers import spawn
+from helpers import group_timeouts, spawn
 from torch.distributed.tensor import DTensor
 
 from titanlite.core import distributed
@@ -97,8 +97,9 @@ def full_tensors(model: torch.nn.Module, what: str) -> tuple[dict[str, torch.Ten
 
 def layout_facts(model: torch.nn.Module, shards) -> dict:
     """What the layout did on every rank, for tests to compare with what was configured: the
-    names of the compiled modules (merged over ranks and stages) and, under context parallel,
-    the window positions each rank held in its last step (`shards`: the SequenceShards).
+    names of the compiled modules (merged over ranks and stages), under context parallel the
+    window positions each rank held in its last step (`shards`: the SequenceShards), and the
+    timeout of every process group of every rank.
     Collective."""
     compiled = [
         _clean(name)
@@ -109,14 +110,16 @@ def layout_facts(model: torch.nn.Module, shards) -> dict:
     if shards is not None:
         held = (shards.mesh.get_local_rank(), shards.positions.tolist())
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (compiled, held))
+    dist.all_gather_object(everyone, (compiled, held, group_timeouts()))
     positions = {}
-    for _, rank_held in everyone:
+    for _, rank_held, _ in everyone:
         if rank_held is not None:
             positions[rank_held[0]] = rank_held[1]
     return {
-        "compiled": sorted({n for names, _ in everyone for n in names}),
+        "compiled": sorted({n for names, _, _ in everyone for n in names}),
         "cp_positions": positions,
+        # Every process group of every rank: (its ranks, its collective timeout in seconds).
+        "group_timeouts": [g for _, _, groups in everyone for g in groups],
     }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, clean_env, free_port, run_script
+from helpers import DEBUG_CONFIG, ROOT, clean_env, launch_worker, run_script
 
 from titanlite.components.checkpoint.storage import load_full_state_dict
 
@@ -91,28 +91,8 @@ def test_every_rank_stops_at_the_same_step_without_saving_it(tmp_path):
 def test_nan_on_one_rank_stops_every_rank_at_that_step_without_its_update(tmp_path, layout):
     """Only rank 1's output turns NaN (its third forward); rank 0 computes finite values. Every
     rank must still stop at step 3 with the same line, and none may apply the update."""
-    launch = [
-        sys.executable,
-        "-m",
-        "titanlite.launch",
-        "--nproc_per_node=2",
-        "--nnodes=1",
-        f"--master_port={free_port()}",
-        "--local-ranks-filter",
-        "0,1",
-        "-m",
-        "titanlite.rank",
-        "corrupt_worker",
-    ]
     args = [*DIVERGING, "--optimizer.lr", "1e-3", *layout, "--job.dump_folder", str(tmp_path)]
-    env = clean_env(
-        CORRUPT_RANK="1",
-        CORRUPT_FORWARD="3",
-        PYTHONPATH=f"{ROOT / 'tests' / 'distributed'}:{ROOT}",
-    )
-    proc = subprocess.run(
-        [*launch, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = launch_worker(2, "fault_worker", args, FAULT="nan_output", FAULT_RANK="1", FAULT_AT="3")
     assert proc.returncode == 3, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "titanlite: error:" in line]
     # Both ranks' own lines, then the launcher's copy: the same step on every rank.

@@ -252,6 +252,13 @@ class Checkpoint:
         choices=["disabled", "async", "async_with_pinned_mem"],
     )
     keep_latest_k: int = opt(10, "checkpoints kept; 0 = keep all", min=0)
+    timeout_seconds: int = opt(
+        1800,
+        "collective timeout of the checkpoint's own process group: a save waits there for the "
+        "slowest writer (and a load for the slowest reader), which on a shared filesystem can "
+        "take far longer than comm.train_timeout_seconds",
+        min=1,
+    )
     model_weights_only: bool = opt(False, "save the model only")
     last_save_model_weights_only: bool = opt(False, "final save holds the model only")
     export_dtype: str = opt(
@@ -339,8 +346,15 @@ class Validation:
 
 @dataclass
 class Comm:
-    init_timeout_seconds: int = opt(300, "timeout of the first collectives", min=1)
-    train_timeout_seconds: int = opt(100, "collective timeout during training", min=1)
+    init_timeout_seconds: int = opt(
+        300, "collective timeout from start-up to the end of the first step", min=1
+    )
+    train_timeout_seconds: int = opt(
+        100,
+        "collective timeout once the first step is done (the checkpoint's group keeps "
+        "checkpoint.timeout_seconds)",
+        min=1,
+    )
     trace_buf_size: int = opt(20000, "NCCL flight recorder entries", min=0)
     save_traces_folder: str = opt("comm_traces", "under job.dump_folder")
 

@@ -84,12 +84,13 @@ def init(timeout_seconds: int) -> torch.device:
     return device
 
 
-def set_timeout(seconds: int) -> None:
-    """Tighten the collective timeout once start-up (which may be slow) is over, on every
-    process group of this rank: the default one and those of the device meshes."""
+def set_timeout(seconds: int, skip: tuple = ()) -> None:
+    """Set the collective timeout of every process group of this rank (the default one and those
+    of the device meshes) but those in `skip`, which keep their own (the checkpoint's)."""
     timeout = datetime.timedelta(seconds=seconds)
     for group in list(dist.distributed_c10d._world.pg_map):
-        dist.distributed_c10d._set_pg_timeout(timeout, group)
+        if group not in skip:
+            dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def check_distinct_devices(device: torch.device) -> None:

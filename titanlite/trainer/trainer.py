@@ -365,7 +365,13 @@ class Trainer:
             callbacks.pre_train()
             stop.arm()
             data_iter = iter(self.dataloader)
-            distributed.set_timeout(self.job.comm.train_timeout_seconds)
+            # Until the first step is done the start-up timeout holds on every training group
+            # (torch gives mesh groups its own 30-minute gloo / 10-minute NCCL default): a
+            # first step that compiles can keep ranks apart for minutes. The checkpoint's group
+            # keeps its own timeout throughout.
+            own = (self.checkpointer.pg,) if self.checkpointer.pg is not None else ()
+            distributed.set_timeout(self.job.comm.init_timeout_seconds, skip=own)
+            first_step = state.step + 1
             self.clock.start_training()
             while state.step < steps and not preemption.signum:
                 state.step += 1
@@ -380,6 +386,8 @@ class Trainer:
                 callbacks.post_train_batch(state.step, out, self.validate(state.step))
                 state.elapsed_s += self.clock.step_end(state.step)
                 callbacks.post_step(state.step)
+                if state.step == first_step:
+                    distributed.set_timeout(self.job.comm.train_timeout_seconds, skip=own)
             stop.restore()
             self.preempted, self.stop_message = preemption.signum, preemption.message
             if not self.preempted:

@@ -90,25 +90,21 @@ def load_hf_weights(model: nn.Module, src: Path, expect: ModelArgs) -> None:
     )
 
 
-def export_hf(
-    step_folder: Path, dst: Path, dtype: torch.dtype, pg: dist.ProcessGroup | None
-) -> None:
+def export_hf(step_folder: Path, dst: Path, dtype: torch.dtype) -> None:
     """Rank 0 writes the model of the complete checkpoint `step_folder` as Hugging Face folder
-    `dst`; every rank learns the outcome (a failure raises CheckpointError on all of them)."""
-    error = ""
-    if dist.get_rank() == 0:
-        start = time.perf_counter()
+    `dst` (a failure raises CheckpointError there: its exit code and line end the launch). The
+    other ranks return at once: the export of a large model takes longer than any collective
+    timeout, so no rank waits for it in one."""
+    if dist.get_rank() != 0:
+        return
+    start = time.perf_counter()
 
-        def note(line: str) -> None:
-            if line.startswith("note:"):  # not the per-tensor progress
-                logger.warning(line.removeprefix("note: "))
+    def note(line: str) -> None:
+        if line.startswith("note:"):  # not the per-tensor progress
+            logger.warning(line.removeprefix("note: "))
 
-        try:
-            dcp_to_hf(step_folder, dst, dtype=dtype, report=note)
-            logger.info(f"wrote Hugging Face folder {dst} in {time.perf_counter() - start:.1f}s")
-        except (CheckpointError, OSError) as e:
-            error = f"the Hugging Face export {dst} failed: {e}"
-    outcome = [error]
-    dist.broadcast_object_list(outcome, src=0, group=pg)
-    if outcome[0]:
-        raise CheckpointError(outcome[0])
+    try:
+        dcp_to_hf(step_folder, dst, dtype=dtype, report=note)
+    except (CheckpointError, OSError) as e:
+        raise CheckpointError(f"the Hugging Face export {dst} failed: {e}") from None
+    logger.info(f"wrote Hugging Face folder {dst} in {time.perf_counter() - start:.1f}s")

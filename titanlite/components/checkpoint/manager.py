@@ -11,6 +11,7 @@ change of data-parallel degree.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import shutil
 import threading
@@ -128,8 +129,13 @@ class CheckpointManager:
         }
         self.enabled = cfg.enable_checkpoint or cfg.create_seed_checkpoint
         self.rank = dist.get_rank()
-        # A group of its own: background saves must not interleave collectives with training.
-        self.pg = dist.new_group(backend="gloo") if self.enabled else None
+        # A group of its own: background saves must not interleave collectives with training,
+        # and a save waits in it for the slowest writer, which can take far longer than a
+        # training collective may (checkpoint.timeout_seconds, not comm.train_timeout_seconds).
+        self.pg = None
+        if self.enabled:
+            timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
+            self.pg = dist.new_group(backend="gloo", timeout=timeout)
         self.async_mode = cfg.async_mode
         if cfg.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
             logger.warning(

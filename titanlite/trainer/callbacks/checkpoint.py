@@ -88,4 +88,4 @@ class HFExport(Callback):
         with self.saver.clock.span("checkpoint"):
             ckpt.wait()
             dst = ckpt.folder / f"hf-step-{step}"
-            export_hf(step_dir(ckpt.folder, step), dst, DTYPES[self.cfg.export_dtype], ckpt.pg)
+            export_hf(step_dir(ckpt.folder, step), dst, DTYPES[self.cfg.export_dtype])
