@@ -1,6 +1,8 @@
 """Pipeline-parallel checkpoints are the whole model's, under the whole model's names: a PP 2 x
 FSDP 2 run resumes bit-exactly on its own layout and continues on one process, on FSDP 4 and on
-PP 4 within 1e-4; a one-process checkpoint continues on PP 2 x TP 2."""
+PP 4 within 1e-4; a one-process checkpoint continues on PP 2 x TP 2; runs under an interleaved
+and a zero-bubble schedule (two stages per rank, each saved under its own layer names) resume
+bit-exactly on their own layout and continue on one process."""
 
 from pathlib import Path
 
@@ -21,6 +23,13 @@ PP_LAYOUTS = {
     ),
     "one": LAYOUTS["one"],
 }
+PP_SCHEDULE = "--parallelism.pipeline_parallel_schedule"
+for schedule in ("Interleaved1F1B", "ZBVZeroBubble"):
+    PP_LAYOUTS[f"pp2_{schedule.lower()}"] = (
+        2,
+        ["--training.local_batch_size", "8", *PP, "2", PP_SCHEDULE, schedule],
+    )
+MULTI_STAGE = ["pp2_interleaved1f1b", "pp2_zbvzerobubble"]
 RUN = ["--training.steps", "8", "--checkpoint.interval", "4"]
 
 
@@ -45,7 +54,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         (1, {"save_one": "one"}, {}),
         (4, {"save_pp2_fsdp2": "pp2_fsdp2"}, {"one_to_pp2_tp2": ("save_one", "pp2_tp2")}),
         (4, {}, {f"to_{t}": ("save_pp2_fsdp2", t) for t in ("pp2_fsdp2", "fsdp4", "pp4")}),
-        (1, {}, {"to_one": ("save_pp2_fsdp2", "one")}),
+        (2, {f"save_{t}": t for t in MULTI_STAGE}, {}),
+        (2, {}, {f"{t}_to_itself": (f"save_{t}", t) for t in MULTI_STAGE}),
+        (
+            1,
+            {},
+            {
+                "to_one": ("save_pp2_fsdp2", "one"),
+                **{f"{t}_to_one": (f"save_{t}", "one") for t in MULTI_STAGE},
+            },
+        ),
     ]
     for i, (nproc, saves, resumes) in enumerate(phases):
         group = TrainerJobs(nproc, root / f"phase{i}")
@@ -78,3 +96,10 @@ def test_pp2_fsdp2_checkpoint_resumes_on_its_layout_and_others(runs, target):
 @pytest.mark.slow
 def test_one_process_checkpoint_continues_on_pp2_tp2(runs):
     assert_continues(runs["save_one"], runs["one_to_pp2_tp2"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", MULTI_STAGE)
+def test_multi_stage_schedules_resume_exactly_and_continue_on_one_process(runs, layout):
+    assert_continues(runs[f"save_{layout}"], runs[f"{layout}_to_itself"], exact=True)
+    assert_continues(runs[f"save_{layout}"], runs[f"{layout}_to_one"])

@@ -294,15 +294,17 @@ def test_checkpoint_of_the_other_reader_is_one_clear_error(prepared, tok, tmp_pa
 
     from titanlite.components.checkpoint.folder import CheckpointError
     from titanlite.components.checkpoint.manager import CheckpointManager
+    from titanlite.components.checkpoint.storage import read_metadata
 
     text, shards = (
         _loaders(list_files(CORPUS), tok, 2, 1)[0],
         _loaders(ShardSet(prepared), tok, 2, 1)[0],
     )
     dcp.save({"dataloader": text}, checkpoint_id=str(tmp_path))
+    saved = read_metadata(tmp_path).state_dict_metadata
     check = CheckpointManager._check_loader_state
-    check(types.SimpleNamespace(states={"dataloader": text}), tmp_path)  # same reader: fine
+    check(types.SimpleNamespace(states={"dataloader": text}), tmp_path, saved)  # same reader: fine
     with pytest.raises(
         CheckpointError, match="saved by another reader.*exclude_from_loading dataloader"
     ):
-        check(types.SimpleNamespace(states={"dataloader": shards}), tmp_path)
+        check(types.SimpleNamespace(states={"dataloader": shards}), tmp_path, saved)
