@@ -254,6 +254,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
             {},
         ),
         "budget_no_compile": ([*dump, "--activation_checkpoint.mode", "memory_budget"], {}),
+        "float16": ([*dump, "--training.mixed_precision_param", "float16"], {}),
         "budget_range": (
             [*dump, "--training.compile", "--activation_checkpoint.memory_budget", "-0.1"],
             {},
@@ -288,6 +289,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect_one_line(
         got["budget_range"], 2, "[activation_checkpoint] memory_budget = -0.1: must be >= 0.0"
     )
+    expect_one_line(got["float16"], 2, "mixed_precision_param = 'float16' needs a gradient scaler")
     no_tracebacks(got)
     assert a_file.read_text() == "x"  # nothing overwritten
 

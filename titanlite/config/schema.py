@@ -164,7 +164,9 @@ class Training:
     steps: int = opt(10000, "optimizer steps", min=1)
     enable_cpu_offload: bool = opt(False, "FSDP2 CPU offload of parameters and gradients")
     mixed_precision_param: str = opt(
-        "bfloat16", "parameter dtype in compute", choices=["float32", "bfloat16", "float16"]
+        "bfloat16",
+        "parameter dtype in compute ('float16' is refused: there is no gradient scaler)",
+        choices=["float32", "bfloat16", "float16"],
     )
     mixed_precision_reduce: str = opt(
         "float32", "gradient reduce dtype", choices=["float32", "bfloat16"]

@@ -150,6 +150,14 @@ def check_devices(job: JobConfig, dims: ParallelDims, device_type: str, planning
 
     float8.check(job, fsdp_enabled=dims.fsdp_enabled, device_type=device_type, planning=planning)
     t = job.training
+    if t.mixed_precision_param == "float16":
+        # float16's 5 exponent bits underflow small gradients to zero without a loss scale, and
+        # titanlite has no (FSDP-sharded) gradient scaler: training would go on, quietly wrong.
+        raise ConfigError(
+            "[training] mixed_precision_param = 'float16' needs a gradient scaler, which "
+            "titanlite does not have (small gradients would underflow to zero); use 'bfloat16' "
+            "(the same memory, float32's range) or 'float32'"
+        )
     if job.model.attn_type == "flex" and device_type == "cpu":
         raise ConfigError(
             "[model] attn_type = 'flex' cannot train on CPU (torch has no FlexAttention "
