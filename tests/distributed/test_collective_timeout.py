@@ -18,7 +18,8 @@ TRAIN_TIMEOUT = 5
 STALL_RANK, TP_PEER = 3, 2
 
 
-def _args(tmp_path) -> list[str]:
+def _tiny(tmp_path, steps: int, train_timeout: int, *extra: str) -> list[str]:
+    """A one-block debug run of `steps` steps with the training timeout `train_timeout`."""
     return [
         "--config",
         str(DEBUG_CONFIG),
@@ -29,16 +30,19 @@ def _args(tmp_path) -> list[str]:
         "--training.local_batch_size",
         "2",
         "--training.steps",
-        "4",
-        "--parallelism.tensor_parallel_degree",
-        "2",
+        str(steps),
         "--metrics.enable_tensorboard",
         "false",
         "--comm.train_timeout_seconds",
-        str(TRAIN_TIMEOUT),
+        str(train_timeout),
+        *extra,
         "--job.dump_folder",
         str(tmp_path),
     ]
+
+
+def _args(tmp_path) -> list[str]:
+    return _tiny(tmp_path, 4, TRAIN_TIMEOUT, "--parallelism.tensor_parallel_degree", "2")
 
 
 @pytest.mark.slow
@@ -92,30 +96,8 @@ FAULTS = {
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_slow_first_step_writer_and_export_finish(tmp_path, fault):
     rank, extra = FAULTS[fault]
-    args = [
-        "--config",
-        str(DEBUG_CONFIG),
-        "--model.n_layers",
-        "1",
-        "--training.seq_len",
-        "64",
-        "--training.local_batch_size",
-        "2",
-        "--training.steps",
-        "3",
-        "--metrics.enable_tensorboard",
-        "false",
-        "--comm.train_timeout_seconds",
-        "3",
-        "--checkpoint.enable_checkpoint",
-        "--checkpoint.interval",
-        "1",
-        "--checkpoint.timeout_seconds",
-        "60",
-        *extra,
-        "--job.dump_folder",
-        str(tmp_path),
-    ]
+    checkpointed = ["--checkpoint.enable_checkpoint", "--checkpoint.interval", "1"]
+    args = _tiny(tmp_path, 3, 3, *checkpointed, "--checkpoint.timeout_seconds", "60", *extra)
     start = time.time()
     proc = launch_worker(
         2, "fault_worker", args, FAULT=fault, FAULT_RANK=rank, FAULT_SECONDS=str(SLOW)

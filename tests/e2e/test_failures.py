@@ -260,8 +260,9 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
             {},
         ),
     }
-    # NGPU is read by the shell script: those two go through run_train.sh.
-    got = preflight_cases(cases, shell=("ngpu_abc", "ngpu_0"))
+    # NGPU is read by the shell script: those two go through run_train.sh, and float16 (new
+    # this round) too, for its exit code and last line at the real entry point.
+    got = preflight_cases(cases, shell=("ngpu_abc", "ngpu_0", "float16"))
     expect_one_line(got["dump_is_file"], 2, f"job.dump_folder: {a_file} is an existing file")
     expect_one_line(got["ckpt_is_file"], 2, "checkpoint.folder:", "is an existing file")
     expect_one_line(got["unwritable"], 2, "job.dump_folder: cannot write to /proc/titanlite-cannot")
