@@ -4,14 +4,18 @@ collective in step 2 makes its TP peer time out after train_timeout seconds, and
 group exits non-zero. (torch creates mesh groups with its own default, 30 minutes on gloo: that
 run would hang for half an hour.) It applies from the end of the first step on, and never to the
 checkpoint's group, which keeps checkpoint.timeout_seconds: a slow first step, a slow writer and
-a slow Hugging Face export each finish (tests/distributed/fault_worker.py plants them)."""
+a slow Hugging Face export each finish (tests/distributed/fault_worker.py plants them). And
+every kind of group the meshes build (dp_replicate, dp_shard, the flattened dp, cp, tp, pp) gets
+it: after the trainer's first step, a rank that stays away from a collective in that group makes
+its peer time out after train_timeout seconds (tests/distributed/group_stall_worker.py)."""
 
 import json
 import re
 import time
 
+import group_stall_worker
 import pytest
-from helpers import DEBUG_CONFIG, launch_worker, torchrun
+from helpers import DEBUG_CONFIG, launch_worker, spawn, torchrun
 
 TRAIN_TIMEOUT = 5
 # Rank 3 stalls; its TP peer is rank 2 (tp is the innermost mesh dim).
@@ -113,3 +117,49 @@ def test_slow_first_step_writer_and_export_finish(tmp_path, fault):
     for r in (0, 1):
         timeouts = [t for _, t in json.loads((tmp_path / f"rank{r}_timeouts.json").read_text())]
         assert sorted(timeouts) == sorted([3.0] * (len(timeouts) - 1) + [ckpt_timeout]), timeouts
+
+
+# 4 ranks, three 2 x 2 layouts: between them every kind of group a mesh builds, apart from the
+# flattened ones that span all 4 ranks (torch reuses the default group for those).
+STALL_LAYOUTS = {
+    "hsdp": ["--parallelism.data_parallel_replicate_degree", "2"],
+    "cp_tp": [
+        "--parallelism.context_parallel_degree",
+        "2",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+    ],
+    "pp_fsdp": ["--parallelism.pipeline_parallel_degree", "2"],
+}
+GROUP_KINDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp"}
+INIT_TIMEOUT, STALL_TIMEOUT = 40, 2
+
+
+@pytest.mark.slow
+def test_a_stall_in_every_kind_of_mesh_group_times_out(tmp_path):
+    """After step 1 each group's peers wait comm.train_timeout_seconds for a rank that stays
+    away, not the start-up timeout nor torch's default: the timeout reaches every kind of group
+    the meshes build (a timeout set on the default group alone fails here after 40 s)."""
+    layouts = {
+        name: [
+            *_tiny(tmp_path / name, 1, STALL_TIMEOUT, *extra),
+            "--model.n_layers",
+            "2",
+            "--comm.init_timeout_seconds",
+            str(INIT_TIMEOUT),
+            "--training.local_batch_size",
+            "4",
+        ]
+        for name, extra in STALL_LAYOUTS.items()
+    }
+    out = tmp_path / "stalls.json"
+    spawn(group_stall_worker.run, 4, layouts, str(out))
+    records = json.loads(out.read_text())
+    kinds = set()
+    for name, stalls in records.items():
+        for r in stalls:
+            print(f"\n{name} {r['group']} {r['ranks']}: rank {r['rank']} waited {r['waited_s']} s")
+            assert "Timed out" in r["ended"], r
+            assert STALL_TIMEOUT <= r["waited_s"] < STALL_TIMEOUT + 6, r
+            kinds.add(r["group"].removeprefix("mesh_"))
+    assert GROUP_KINDS <= kinds, kinds

@@ -138,11 +138,14 @@ class FirstStepGradients:
         return out
 
 
-def run_job(argv: list[str], record: bool) -> dict:
+def run_job(argv: list[str], record: bool, on_trainer=None) -> dict:
+    """One job on this rank; `on_trainer(trainer)`, if given, sees the trainer it built."""
     job, pre = preflight.run(argv, dist.get_world_size())
     # What start-up may take (a first compile), not the training timeout a previous job set.
     distributed.set_timeout(job.comm.init_timeout_seconds)
     trainer = Trainer(job, pre)
+    if on_trainer is not None:
+        on_trainer(trainer)
     try:
         result: dict = {"resumed_from": trainer.checkpointer.resumed_from, "tokens_seen": 0}
         if job.checkpoint.create_seed_checkpoint:
