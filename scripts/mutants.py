@@ -1,0 +1,294 @@
+"""A standing check that the tests bite: small deliberate bugs (mutants), each applied to a copy
+of this checkout, and only the tests that claim to guard against it run there. A mutant that
+every one of its tests passes has survived: the bug it plants would land unseen.
+
+    python scripts/mutants.py                 # every mutant; exit 1 if one survives
+    python scripts/mutants.py --list          # what each mutant plants and what guards it
+    python scripts/mutants.py --only ddp_grad_scale tp_grad_scale
+
+The checkout is never touched: each mutant gets a fresh copy of the committed tree (HEAD; with
+--working-tree, the tracked and unignored files as they are now) under a temporary folder, and
+the tests run there, with the copy first on the import path. One mutant at a time; the whole set takes about 20 minutes on 2 CPU
+cores, so it runs before each release rather than in CI (README, docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYOUT = "tests/distributed/test_layout_parity.py::test_layout_matches_single_process"
+BF16 = "tests/distributed/test_layout_parity.py::test_bf16_layout_matches_single_process"
+SCALE = "register_hook(lambda g: g * 1.001)"  # a 0.1% error on one parameter's gradient
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str  # what it plants, in words
+    path: str  # the file it edits, relative to the checkout
+    old: str  # text that occurs exactly once in that file
+    new: str  # what replaces it
+    tests: tuple[str, ...]  # pytest node ids that must fail
+
+    def apply(self, root: Path) -> None:
+        file = root / self.path
+        text = file.read_text()
+        if text.count(self.old) != 1:
+            raise ValueError(
+                f"{self.name}: {self.path} holds the text to replace {text.count(self.old)} "
+                "times, not once: update the mutant to the code"
+            )
+        file.write_text(text.replace(self.old, self.new))
+
+
+def _layout(*names: str) -> tuple[str, ...]:
+    return tuple(f"{LAYOUT}[{n}]" for n in names)
+
+
+MUTANTS = [
+    # The trainer's own step, per parameter (issue 32, item 1).
+    Mutant(
+        "sync_once_grad_scale",
+        "0.1% on one parameter's gradient in the FSDP sync-once accumulation path",
+        "titanlite/trainer/train_step.py",
+        "        loss_sum = self.share_loss(loss_sum)\n",
+        "        loss_sum = self.share_loss(loss_sum)\n"
+        "        if self.sync_last_microbatch_only:\n"
+        "            self.params[0].grad.mul_(1.001)\n",
+        _layout("fsdp2_accum2_sync_once"),
+    ),
+    # Replicas that train models of their own (item 2).
+    Mutant(
+        "replica_diverges",
+        "rank 1 alone scales one parameter's gradient by 1.001 after the reduction",
+        "titanlite/trainer/train_step.py",
+        "        loss_sum = self.share_loss(loss_sum)\n",
+        "        loss_sum = self.share_loss(loss_sum)\n"
+        "        if dist.get_rank() == 1:\n"
+        "            self.params[0].grad.mul_(1.001)\n",
+        _layout("ddp2"),
+    ),
+    # A compiled layout whose first block runs eagerly (item 3).
+    Mutant(
+        "first_block_not_compiled",
+        "compile skips the first transformer block",
+        "parallelisms/compile.py",
+        "    for block in blocks:\n        block.compile(fullgraph=True)",
+        "    for block in blocks[1:]:\n        block.compile(fullgraph=True)",
+        _layout("tp2_compile"),
+    ),
+    # The context-parallel load balancer (item 4).
+    Mutant(
+        "cp_contiguous_under_headtail",
+        "a contiguous cut when head-tail is configured",
+        "parallelisms/context_parallel.py",
+        "rank_positions(seq, self.cp, r, self.load_balancer)",
+        'rank_positions(seq, self.cp, r, "none")',
+        _layout("cp2"),
+    ),
+    # Timeouts on every group (item 5).
+    Mutant(
+        "timeout_default_group_only",
+        "the training timeout set on the default group only",
+        "titanlite/core/distributed.py",
+        "    for group in list(dist.distributed_c10d._world.pg_map):",
+        "    for group in [dist.distributed_c10d._get_default_group()]:",
+        _layout("hsdp2x2"),
+    ),
+    # The restricted unpickler on the trainer's read path (item 6).
+    Mutant(
+        "trainer_reads_metadata_with_pickle",
+        "the trainer's resume reads .metadata through torch's FileSystemReader",
+        "titanlite/components/checkpoint/manager.py",
+        "        reader = SafeFileSystemReader(str(path))\n",
+        "        from torch.distributed.checkpoint import FileSystemReader\n\n"
+        "        reader = FileSystemReader(str(path))\n",
+        ("tests/e2e/test_failures.py::test_every_reader_refuses_a_crafted_metadata_on_its_own",),
+    ),
+    # Non-finite values on one rank (item 7).
+    Mutant(
+        "nonfinite_guard_rank0_only",
+        "only rank 0 acts on a non-finite gradient norm",
+        "titanlite/components/nonfinite.py",
+        "        if math.isfinite(norm):\n",
+        "        import torch.distributed as dist\n\n"
+        "        if math.isfinite(norm) or dist.get_rank() != 0:\n",
+        (
+            "tests/e2e/test_nonfinite.py::"
+            "test_nan_on_one_rank_stops_every_rank_at_that_step_without_its_update",
+        ),
+    ),
+    # bf16 mixed precision (item 8).
+    Mutant(
+        "bf16_cast_dropped",
+        "FSDP's mixed-precision policy computes in float32",
+        "parallelisms/fsdp.py",
+        "MixedPrecisionPolicy(param_dtype, reduce_dtype)",
+        "MixedPrecisionPolicy(torch.float32, reduce_dtype)",
+        (f"{BF16}[fsdp2_bf16]",),
+    ),
+    # Pipeline checkpoints under multi-stage schedules (item 9).
+    Mutant(
+        "optimizer_state_not_restored",
+        "a resume loads everything but the optimizer state",
+        "titanlite/components/checkpoint/manager.py",
+        "                {k: self.states[k] for k in keys},",
+        '                {k: self.states[k] for k in keys if k != "optimizer"},',
+        (
+            "tests/distributed/test_pipeline_checkpoint.py::"
+            "test_multi_stage_schedules_resume_exactly_and_continue_on_one_process",
+        ),
+    ),
+    # A preset section lost on the way to the job (item 10).
+    Mutant(
+        "preset_section_dropped",
+        "the TOML loader drops the [lr_scheduler] section",
+        "titanlite/config/loader.py",
+        "    for section, body in _flatten_tables(data).items():\n",
+        "    for section, body in _flatten_tables(data).items():\n"
+        '        if section == "lr_scheduler":\n'
+        "            continue\n",
+        ("tests/unit/config/test_loader.py::test_every_preset_loads",),
+    ),
+    # A 0.1% gradient scale under each parallelism, in that parallelism's own code.
+    Mutant(
+        "fsdp_grad_scale",
+        "FSDP divides one block's gradients by 1.001 x its world",
+        "parallelisms/fsdp.py",
+        "        fully_shard(block, reshard_after_forward=reshard, **common)\n",
+        "        fully_shard(block, reshard_after_forward=reshard, **common)\n"
+        "        if i == 0:\n"
+        "            block.set_gradient_divide_factor(mesh.size() * 1.001)\n",
+        _layout("fsdp2", "hsdp2x2"),
+    ),
+    Mutant(
+        "ddp_grad_scale",
+        "0.1% on one parameter's gradient under DDP",
+        "parallelisms/ddp.py",
+        "    replicate(model, device_mesh=mesh, bucket_cap_mb=100)",
+        "    replicate(model, device_mesh=mesh, bucket_cap_mb=100)\n"
+        f"    next(model.parameters()).{SCALE}",
+        _layout("ddp2"),
+    ),
+    Mutant(
+        "tp_grad_scale",
+        "0.1% on one parameter's gradient under tensor parallel",
+        "parallelisms/llama/tensor_parallel.py",
+        '    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""\n',
+        '    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""\n'
+        f"    blocks[0].attention.wq.weight.{SCALE}\n",
+        _layout("tp2"),
+    ),
+    Mutant(
+        "cp_grad_scale",
+        "0.1% on one parameter's gradient under context parallel",
+        "parallelisms/context_parallel.py",
+        "def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:\n",
+        "def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:\n"
+        f"    blocks[0].attention.wq.weight.{SCALE}\n",
+        _layout("cp2"),
+    ),
+    Mutant(
+        "pp_grad_scale",
+        "0.1% on one parameter's gradient under pipeline parallel",
+        "parallelisms/pipeline.py",
+        "        parts.append(part)\n",
+        f"        next(part.parameters()).{SCALE}\n        parts.append(part)\n",
+        _layout("pp2_1f1b"),
+    ),
+]
+
+
+def copy_checkout(dest: Path, working_tree: bool) -> None:
+    """HEAD's tree, or with `working_tree` the tracked and unignored files as they are now."""
+    if not working_tree:
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+def run_mutant(mutant: Mutant, timeout: int, working_tree: bool) -> tuple[str, float, str]:
+    """('killed' | 'survived' | 'error' | 'timeout', seconds, the tests' last lines)."""
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        copy = Path(tmp)
+        copy_checkout(copy, working_tree)
+        mutant.apply(copy)
+        env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-p", "no:cacheprovider"]
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [*cmd, *mutant.tests],
+                cwd=copy,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return "timeout", time.monotonic() - start, ""
+        seconds = time.monotonic() - start
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+        # pytest: 0 all passed, 1 some failed; anything else (no tests collected, a usage or
+        # collection error) says nothing about the mutant.
+        outcome = {0: "survived", 1: "killed"}.get(proc.returncode, "error")
+        return outcome, seconds, tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant")
+    parser.add_argument(
+        "--working-tree", action="store_true", help="mutate uncommitted changes too, not HEAD"
+    )
+    args = parser.parse_args(argv)
+    by_name = {m.name: m for m in MUTANTS}
+    unknown = sorted(set(args.only or ()) - set(by_name))
+    if unknown:
+        parser.error(f"unknown mutant(s) {', '.join(unknown)}; --list names them")
+    chosen = [by_name[n] for n in args.only] if args.only else MUTANTS
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.bug} ({m.path})\n    guarded by {', '.join(m.tests)}")
+        return 0
+    start, failed = time.monotonic(), []
+    for m in chosen:
+        outcome, seconds, tail = run_mutant(m, args.timeout, args.working_tree)
+        print(f"{m.name:36s} {outcome:8s} {seconds:6.1f} s", flush=True)
+        if outcome != "killed":
+            failed.append(m.name)
+            print("    " + tail.replace("\n", "\n    "), flush=True)
+    total = time.monotonic() - start
+    print(f"{len(chosen) - len(failed)} of {len(chosen)} mutants killed in {total / 60:.1f} min")
+    if failed:
+        print(f"not killed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
