@@ -27,7 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = "tests/distributed/test_layout_parity.py::test_layout_matches_single_process"
 BF16 = "tests/distributed/test_layout_parity.py::test_bf16_layout_matches_single_process"
-SCALE = "register_hook(lambda g: g * 1.001)"  # a 0.1% error on one parameter's gradient
+# A 0.1% error on the gradient of a module's first parameter. The hook goes on at the module's
+# first forward: parameters hooked while still on the meta device are replaced by to_empty.
+SCALE = (
+    "register_forward_pre_hook(lambda m, _: None if hasattr(p := next(m.parameters()), "
+    '"planted") else setattr(p, "planted", p.register_hook(lambda g: g * 1.001)))'
+)
 
 
 @dataclass(frozen=True)
@@ -175,8 +180,7 @@ MUTANTS = [
         "0.1% on one parameter's gradient under DDP",
         "parallelisms/ddp.py",
         "    replicate(model, device_mesh=mesh, bucket_cap_mb=100)",
-        "    replicate(model, device_mesh=mesh, bucket_cap_mb=100)\n"
-        f"    next(model.parameters()).{SCALE}",
+        f"    replicate(model, device_mesh=mesh, bucket_cap_mb=100)\n    model.{SCALE}",
         _layout("ddp2"),
     ),
     Mutant(
@@ -185,7 +189,7 @@ MUTANTS = [
         "parallelisms/llama/tensor_parallel.py",
         '    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""\n',
         '    """Apply the plan to a Llama-structured model (tok_embeddings, layers, norm, output)."""\n'
-        f"    blocks[0].attention.wq.weight.{SCALE}\n",
+        f"    blocks[0].{SCALE}\n",
         _layout("tp2"),
     ),
     Mutant(
@@ -194,7 +198,7 @@ MUTANTS = [
         "parallelisms/context_parallel.py",
         "def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:\n",
         "def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:\n"
-        f"    blocks[0].attention.wq.weight.{SCALE}\n",
+        f"    blocks[0].{SCALE}\n",
         _layout("cp2"),
     ),
     Mutant(
@@ -202,7 +206,7 @@ MUTANTS = [
         "0.1% on one parameter's gradient under pipeline parallel",
         "parallelisms/pipeline.py",
         "        parts.append(part)\n",
-        f"        next(part.parameters()).{SCALE}\n        parts.append(part)\n",
+        f"        part.{SCALE}\n        parts.append(part)\n",
         _layout("pp2_1f1b"),
     ),
 ]
