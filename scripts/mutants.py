@@ -15,8 +15,10 @@ cores, so it runs before each release rather than in CI (README, docs/architectu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -242,19 +244,26 @@ def run_mutant(mutant: Mutant, timeout: int, working_tree: bool) -> tuple[str, f
         env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
         cmd = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-p", "no:cacheprovider"]
         start = time.monotonic()
+        # Its own session, so that a timeout or Ctrl-C ends the tests' ranks and fork server too.
+        proc = subprocess.Popen(
+            [*cmd, *mutant.tests],
+            cwd=copy,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                [*cmd, *mutant.tests],
-                cwd=copy,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
+            output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             return "timeout", time.monotonic() - start, ""
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         seconds = time.monotonic() - start
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+        tail = "\n".join(output.strip().splitlines()[-3:])
         # pytest: 0 all passed, 1 some failed; anything else (no tests collected, a usage or
         # collection error) says nothing about the mutant.
         outcome = {0: "survived", 1: "killed"}.get(proc.returncode, "error")

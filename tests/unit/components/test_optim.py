@@ -1,13 +1,16 @@
 import math
+import sys
 
 import pytest
 import torch
+from helpers import ROOT
 
 from titanlite.components.optim import build_lr_scheduler, build_optimizer, lr_factor
 from titanlite.config.schema import LRScheduler, Optimizer
 
 # TorchTitan 0.3.0's own LRSchedulersContainer (LambdaLR), read back from the optimizer at each
-# of the steps; 0.1.0 to 0.2.2 compute the same values. (total steps, [lr_scheduler] keys, LRs
+# of the steps, as printed by `python scripts/torchtitan_lr_reference.py` in a venv with
+# torchtitan==0.3.0 (`--check` compares them with these). (total steps, [lr_scheduler] keys, LRs
 # relative to the peak.) The first row is TorchTitan's llama3_debugmodel recipe over 20 steps.
 TORCHTITAN_SCHEDULES = [
     (
@@ -62,6 +65,16 @@ TORCHTITAN_SCHEDULES = [
     (5, dict(warmup_steps=8), [0.2, 0.4, 0.6, 0.8, 1.0]),
     (5, dict(warmup_steps=0), [1.0, 0.8, 0.6, 0.4, 0.2]),
 ]
+
+
+def test_the_reference_rows_are_the_schedules_the_script_computes():
+    """Where torchtitan is installed, the script recomputes the rows (else that half skips)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from torchtitan_lr_reference import SCHEDULES, main
+
+    assert [(total, keys) for total, keys, _ in TORCHTITAN_SCHEDULES] == SCHEDULES
+    pytest.importorskip("torchtitan.components.optimizer.lr_scheduler")
+    assert main(["--check"]) == 0
 
 
 @pytest.mark.parametrize("total, keys, expected", TORCHTITAN_SCHEDULES)
