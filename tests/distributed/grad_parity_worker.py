@@ -212,8 +212,10 @@ def compare(got: dict, ref: dict[str, torch.Tensor]) -> dict:
             continue
         errors[name] = ((g.double() - r.double()).norm() / r.double().norm()).item()
     worst = max(errors, key=errors.get) if errors else None
+    ranked = sorted(errors.values())
     return {
         "errors": errors,
+        "median": ranked[len(ranked) // 2] if ranked else None,
         "lost": lost,
         "unexpected": sorted(set(got) - set(ref)),
         "worst_param": worst,

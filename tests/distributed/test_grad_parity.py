@@ -19,10 +19,10 @@ pytest.importorskip("torchao")
 RTOL = 1e-4
 # Float8 (emulated, tensorwise) is compared with the same float8 model in one process on the same
 # data-parallel parts of the batch (each rank scales by the amax of its own part): FSDP and DDP
-# then match to 1e-7. Tensor parallel does not: its float32 sums in another order move values
-# across float8 rounding steps (2 mantissa bits in e5m2), and the flips add up over the blocks.
-# Measured worst: 2.8e-2 for FSDP 2 x TP 2 (median 5.9e-3), 4.3e-2 for TP 2; float8 itself is
-# ~0.1 from float32. See docs/float8.md.
+# then match as fp32 does (RTOL). Tensor parallel does not: its float32 sums in another order
+# move values across float8 rounding steps (2 mantissa bits in e5m2). Measured worst and median
+# (`pytest -s`, printed per layout): docs/float8.md, whose figures come from this test; float8
+# itself is ~0.1 from float32.
 FLOAT8_RTOL = 6e-2
 
 FSDP2_TP2 = {"dp_shard": 2, "tp": 2}
@@ -49,6 +49,9 @@ WORLD2 = {
     "cp2_documents_sdpa": {"cp": 2, "model": {**DOCUMENTS, "attn_type": "sdpa"}},
     "cp2_contiguous": {"cp": 2, "load_balancer": "none"},
     "cp2_compile": {"cp": 2, "opts": {"compile": True}},
+    "fsdp2_float8": {"dp_shard": 2, "float8": True},
+    "ddp2_float8": {"dp_replicate": 2, "float8": True},
+    "tp2_float8": {"tp": 2, "float8": True},
 }
 WORLD4 = {
     "fsdp4": {"dp_shard": 4},
@@ -81,7 +84,7 @@ def _results(tmp_path_factory, world: int, layouts: dict) -> dict:
     for name, r in results.items():
         print(
             f"\n{name:40s} worst gradient error {r.get('worst')} ({r.get('worst_param')}), "
-            f"lost {r.get('lost')}, {r['seconds']} s"
+            f"median {r.get('median')}, lost {r.get('lost')}, {r['seconds']} s"
         )
     return results
 
@@ -94,6 +97,10 @@ def world2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
     return _results(tmp_path_factory, 4, WORLD4)
+
+
+def _rtol(spec: dict) -> float:
+    return FLOAT8_RTOL if spec.get("float8") and spec.get("tp", 1) > 1 else RTOL
 
 
 def _check(name: str, r: dict, rtol: float, spec: dict) -> None:
@@ -128,10 +135,10 @@ def _cp_positions(cp: int, rank: int, balancer: str, seq: int = 64) -> list[int]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WORLD2))
 def test_two_rank_layout_gradients(world2, name):
-    _check(name, world2[name], RTOL, WORLD2[name])
+    _check(name, world2[name], _rtol(WORLD2[name]), WORLD2[name])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WORLD4))
 def test_four_rank_layout_gradients(world4, name):
-    _check(name, world4[name], FLOAT8_RTOL if WORLD4[name].get("float8") else RTOL, WORLD4[name])
+    _check(name, world4[name], _rtol(WORLD4[name]), WORLD4[name])
