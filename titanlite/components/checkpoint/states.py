@@ -17,6 +17,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 
@@ -29,7 +31,7 @@ class ModelState(Stateful):
         sd: dict[str, Any] = get_model_state_dict(self.model)
         if self.export_dtype is not None:
             sd = {k: v.to(self.export_dtype) for k, v in sd.items()}
-        return sd
+        return plain_tensors(sd)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_model_state_dict(self.model, state, options=StateDictOptions(strict=True))
@@ -48,11 +50,50 @@ class OptimizerState(Stateful):
 
     def state_dict(self) -> dict[str, Any]:
         options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        return plain_tensors(get_optimizer_state_dict(self.model, self.optimizer, options=options))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+
+
+def plain_tensors(tree: Any) -> Any:
+    """`tree` with every tensor subclass (inside DTensors too) replaced by a plain tensor of its
+    values, sharing its memory. torch.save pickles a subclass by its class's import path, which
+    torch.load's weights_only refuses unless the class was allowlisted: with the FSDP float8
+    all-gather, a float8 run's shards are torchao's WeightWithDynamicFloat8CastTensor, and a
+    checkpoint holding them would load only in a process that imported torchao (which
+    allowlists it), not in a bf16 run, the converters or the export. A wrapper subclass unwraps
+    to the inner tensor of its own shape, dtype and strides (torchao's `_tensor`)."""
+    if isinstance(tree, dict):
+        return {k: plain_tensors(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in tree):
+        return type(tree)(plain_tensors(v) for v in tree)
+    if isinstance(tree, DTensor):
+        local = tree._local_tensor
+        plain = _plain(local)
+        if plain is local:
+            return tree
+        return DTensor.from_local(
+            plain, tree.device_mesh, tree.placements, shape=tree.shape, stride=tree.stride()
+        )
+    return _plain(tree) if isinstance(tree, torch.Tensor) else tree
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    if type(t) in (torch.Tensor, nn.Parameter):
+        return t
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = getattr(t, names[0])
+        if (inner.shape, inner.dtype, inner.stride()) == (t.shape, t.dtype, t.stride()):
+            return _plain(inner)
+        # Which of its tensors holds the values is the subclass's secret: refuse to guess.
+        raise TypeError(
+            f"cannot checkpoint a {type(t).__qualname__}: its first inner tensor "
+            f"({names[0]}) is not its value; teach plain_tensors how to unwrap it"
+        )
+    return t.as_subclass(torch.Tensor)  # a plain-storage subclass: same memory, plain type
 
 
 def optimizer_saved_flattened(saved_keys: Any) -> bool:

@@ -6,7 +6,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from titanlite.components.checkpoint.states import OptimizerState, optimizer_saved_flattened
+from titanlite.components.checkpoint.states import (
+    OptimizerState,
+    optimizer_saved_flattened,
+    plain_tensors,
+)
 from titanlite.components.checkpoint.storage import read_metadata
 
 
@@ -55,3 +59,14 @@ def test_both_forms_round_trip_and_are_told_apart(tmp_path, flatten):
         )
     for p, q in zip(fresh_model.parameters(), model.parameters()):
         torch.testing.assert_close(fresh.state[p]["exp_avg"], opt.state[q]["exp_avg"])
+
+
+def test_plain_tensors_leaves_no_subclass_and_shares_memory():
+    class Marked(torch.Tensor):
+        pass
+
+    t = torch.arange(4.0)
+    tree = {"a": [t.as_subclass(Marked), "name"], "b": t, "c": 3}
+    out = plain_tensors(tree)
+    assert type(out["a"][0]) is torch.Tensor and out["a"][0].data_ptr() == t.data_ptr()
+    assert out["b"] is t and out["a"][1] == "name" and out["c"] == 3
