@@ -17,7 +17,6 @@ Knows the model only through its public structure: `tok_embeddings`, `layers`, `
 from __future__ import annotations
 
 import copy
-import csv
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -34,6 +33,7 @@ from torch.distributed.pipelining.schedules import (
 
 from parallelisms.options import PipelineOptions
 from parallelisms.parallel_dims import LayoutError
+from parallelisms.pipeline_csv import read_schedule_csv
 
 V_SCHEDULES = ("zbvzerobubble", "dualpipev")  # two stages per rank, folded back
 
@@ -114,36 +114,14 @@ def stage_ids(pp_rank: int, pp: int, stages: int, schedule: str) -> list[int]:
     return [pp_rank + k * pp for k in range(per_rank)]
 
 
-def check_schedule_csv(path: str, pp: int) -> None:
-    """A schedule file torch can read: one row of actions ("0F1", "1B0", ...) per pp rank."""
-    from torch.distributed.pipelining.schedules import _Action
-
-    key = "parallelism.pipeline_parallel_schedule_csv"
-    try:
-        with open(path, newline="") as f:
-            rows = [row for row in csv.reader(f) if row]
-    except OSError as e:
-        raise LayoutError(f"{key} = {path}: cannot read it ({e.strerror or e})") from None
-    if len(rows) != pp:
-        raise LayoutError(
-            f"{key} = {path}: {len(rows)} row(s) of actions, one per pipeline rank expected ({pp})"
-        )
-    for i, row in enumerate(rows):
-        for cell in row:
-            try:
-                _Action.from_str(cell.strip())
-            except Exception:
-                raise LayoutError(
-                    f"{key} = {path}: row {i + 1}: {cell!r} is not an action "
-                    "(stage, F/B/I/W, micro-batch: e.g. 0F1)"
-                ) from None
+def rank_stages(pp: int, stages: int, schedule: str) -> list[list[int]]:
+    """The stage ids each pp rank holds, rank by rank."""
+    return [stage_ids(r, pp, stages, schedule) for r in range(pp)]
 
 
 def check_pipeline(pp: int, n_layers: int, local_batch_size: int, opts: PipelineOptions) -> None:
     """What can be known about a pipeline layout before any process group exists."""
     schedule_class(opts.schedule)
-    if opts.schedule_csv:
-        check_schedule_csv(opts.schedule_csv, pp)
     stages = num_stages(pp, n_layers, opts)
     split_layers(n_layers, stages, opts.first_stage_less_layers, opts.last_stage_less_layers)
     stage_ids(0, pp, stages, opts.schedule)
@@ -153,6 +131,8 @@ def check_pipeline(pp: int, n_layers: int, local_batch_size: int, opts: Pipeline
             f"pipeline_parallel_microbatch_size = {opts.microbatch_size}"
         )
     n_mb = local_batch_size // opts.microbatch_size
+    if opts.schedule_csv:
+        read_schedule_csv(opts.schedule_csv, rank_stages(pp, stages, opts.schedule), n_mb)
     name = opts.schedule.lower()
     # The rules torch 2.13's schedules enforce in their constructors, said before launch.
     if name in ("1f1b", "dualpipev") and n_mb < stages:
@@ -202,16 +182,37 @@ def microbatches_in_flight(
     return v * m, False  # zero-bubble schedules: bounded by holding every forward
 
 
-def describe(
-    schedule: str, pp: int, layers_of_stages: list[list[int]], n_microbatches: int, mb_size: int
-) -> str:
-    per_rank = len(layers_of_stages) // pp
-    spans = ", ".join(f"{s[0]}-{s[-1]}" if s else "none" for s in layers_of_stages)
-    bubble = bubble_fraction(schedule, pp, per_rank, n_microbatches)
+def stage_holds(layers_of_stages: list[list[int]]) -> list[str]:
+    """What each stage holds, in words: "embedding + blocks 0-2", "block 3 + norm + output"."""
+    out = []
+    for i, blocks in enumerate(layers_of_stages):
+        parts = ["embedding"] if i == 0 else []
+        if blocks:
+            parts.append(
+                f"blocks {blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else f"block {blocks[0]}"
+            )
+        if i == len(layers_of_stages) - 1:
+            parts.append("norm + output")
+        out.append(" + ".join(parts))
+    return out
+
+
+def describe(opts: PipelineOptions, pp: int, layers_of_stages: list[list[int]], n_mb: int) -> str:
+    """The log's line: schedule, what each stage holds, micro-batches, bubble in theory."""
+    stages, per_rank = len(layers_of_stages), len(layers_of_stages) // pp
+    n_layers = sum(map(len, layers_of_stages))
+    counted = ""
+    if opts.layers_per_stage is not None:  # TorchTitan's count: a ceiling, not every stage's size
+        weight = f"{n_layers} + {opts.first_stage_less_layers} + {opts.last_stage_less_layers}"
+        counted = (
+            f" = ceil(({weight}) / pipeline_parallel_layers_per_stage {opts.layers_per_stage})"
+        )
+    bubble = bubble_fraction(opts.schedule, pp, per_rank, n_mb)
     return (
-        f"pipeline: {schedule}, {len(layers_of_stages)} stages ({per_rank} per rank), blocks "
-        f"{spans}; {n_microbatches} micro-batches of {mb_size}; bubble {bubble:.1%} of a step "
-        "(in theory: forward = backward per stage)"
+        f"pipeline: {opts.schedule_csv or opts.schedule}, {stages} stages{counted} "
+        f"({per_rank} per rank): {' | '.join(stage_holds(layers_of_stages))}; {n_mb} micro-batches of "
+        f"{opts.microbatch_size}; bubble {bubble:.1%} of a step (in theory: forward = backward "
+        "per stage)"
     )
 
 
@@ -277,5 +278,11 @@ def build_schedule(
     else:
         schedule = cls(pipeline_stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
     if opts.schedule_csv:
-        cast(_PipelineScheduleRuntime, schedule)._load_csv(opts.schedule_csv)
+        # The actions preflight checked, not torch's own reading of the file (_load_csv).
+        actions = read_schedule_csv(
+            opts.schedule_csv, rank_stages(pp_mesh.size(), stages, opts.schedule), n_microbatches
+        )
+        runtime = cast(_PipelineScheduleRuntime, schedule)
+        runtime.pipeline_order = actions
+        runtime._prepare_schedule_with_comms(actions)
     return schedule

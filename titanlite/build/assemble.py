@@ -90,7 +90,7 @@ def build_model(
     parts = family.split_stages(model, layers, ids)
     plans = [family.parallelize(part, dims, meshes, options) for part in parts]
     n_mb = job.training.local_batch_size // pp.microbatch_size
-    summary = describe(pp.schedule, dims.pp, layers, n_mb, pp.microbatch_size)
+    summary = describe(pp, dims.pp, layers, n_mb)
     return BuiltModel(
         ModelParts(parts), family, options, plans[0], parts, ids, stages, summary, layers
     )

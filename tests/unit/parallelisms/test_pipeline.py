@@ -98,21 +98,3 @@ def test_stages_in_sequence_are_the_whole_model(mask):
     h = parts[0](tokens)
     h = parts[1](h, tokens=tokens)
     torch.testing.assert_close(parts[2](h, tokens=tokens), whole(tokens), rtol=0, atol=0)
-
-
-def test_a_schedule_csv_is_checked_before_launch(tmp_path):
-    from parallelisms.pipeline import check_schedule_csv
-
-    good = tmp_path / "good.csv"
-    good.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
-    check_schedule_csv(str(good), 2)
-    with pytest.raises(
-        LayoutError, match="2 row.s. of actions, one per pipeline rank expected .4."
-    ):
-        check_schedule_csv(str(good), 4)
-    bad = tmp_path / "bad.csv"
-    bad.write_text("0F0,zz\n1F0\n")
-    with pytest.raises(LayoutError, match="row 1: 'zz' is not an action"):
-        check_schedule_csv(str(bad), 2)
-    with pytest.raises(LayoutError, match="cannot read it"):
-        check_schedule_csv(str(tmp_path / "missing.csv"), 2)
