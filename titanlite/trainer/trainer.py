@@ -339,7 +339,13 @@ class Trainer:
         preemption agreement and the metrics are returned again for what train() reads."""
         job, rank, ckpt, steps = self.job, self.rank, self.checkpointer, self.job.training.steps
         callbacks = cb.Callbacks()
-        saver = cb.Saver(ckpt, self.clock, self.config_hash, callbacks.post_checkpoint_saved)
+        saver = cb.Saver(
+            ckpt,
+            self.clock,
+            self.config_hash,
+            callbacks.post_checkpoint_saved,
+            self.nonfinite.failing,
+        )
         preemption = cb.PreemptionAgreement(stop, saver, job.checkpoint.enable_checkpoint, steps)
         metrics = cb.MetricsLogging(
             self.metrics, self.global_mean, self.nonfinite, lambda: self.train_state.step
@@ -391,6 +397,7 @@ class Trainer:
             stop.restore()
             self.preempted, self.stop_message = preemption.signum, preemption.message
             if not self.preempted:
+                self.nonfinite.check_finished()  # exit 3 for a run that skipped its training
                 logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
             callbacks.post_train()
         finally:

@@ -1,11 +1,15 @@
 """The callbacks around the loop, without a process group: the save when due and the
-preemption agreement share one Saver, and the agreement saves a step only when no earlier
-callback just did."""
+preemption agreement share one Saver, the agreement saves a step only when no earlier
+callback just did, and neither saves while the run is failing (the non-finite guard's verdict)."""
 
+import math
 import signal
 from pathlib import Path
 
+import torch
+
 from titanlite.components.clock import Clock
+from titanlite.components.nonfinite import NonFiniteGuard
 from titanlite.trainer import callbacks as cb
 
 
@@ -34,9 +38,9 @@ class FakeStop:
         return signal.SIGTERM if self.step >= self.at_step else 0
 
 
-def _callbacks(interval: int, stop_at: int, total: int = 10):
+def _callbacks(interval: int, stop_at: int, total: int = 10, failing=lambda: ""):
     ckpt, callbacks = FakeCheckpointer(interval), cb.Callbacks()
-    saver = cb.Saver(ckpt, Clock(), "hash", callbacks.post_checkpoint_saved)
+    saver = cb.Saver(ckpt, Clock(), "hash", callbacks.post_checkpoint_saved, failing)
     preemption = cb.PreemptionAgreement(FakeStop(stop_at), saver, True, total)
     callbacks += [cb.CheckpointWhenDue(saver), cb.GarbageCollection(1), preemption]
     return ckpt, callbacks, preemption
@@ -65,3 +69,34 @@ def test_no_preemption_at_the_last_step():
     for step in (1, 2, 3):
         callbacks.post_step(step)
     assert ckpt.saves == [] and preemption.signum == 0
+
+
+def _steps(norms: list[float], interval: int, stop_at: int = 10**9):
+    """Steps with these gradient norms through the non-finite guard, then the callbacks."""
+    guard = NonFiniteGuard(100)
+    ckpt, callbacks, preemption = _callbacks(interval, stop_at, 100, guard.failing)
+    for step, norm in enumerate(norms, 1):
+        guard.allow_update(step, torch.tensor(norm))
+        callbacks.post_step(step)
+        if preemption.signum:
+            break
+    return [step for step, *_ in ckpt.saves], preemption
+
+
+NAN = math.nan
+
+
+def test_a_save_due_while_the_run_fails_waits_for_the_first_step_that_could_end_it_well():
+    # Due at 2 and 4: step 2 was skipped; after step 3 (good, 1 of 3 skipped) the run could end
+    # well, so 3 saves instead; step 4 is skipped, and after step 5 2 of 5 are: 5 saves.
+    assert _steps([1, NAN, 1, NAN, 1], interval=2)[0] == [3, 5]
+    # Every step from 3 on skipped: nothing after step 2 is written.
+    assert _steps([1, 1, NAN, NAN, NAN, NAN], interval=1)[0] == [1, 2]
+
+
+def test_a_stop_signal_while_the_run_fails_writes_no_checkpoint():
+    saves, preemption = _steps([1, 1, NAN], interval=10, stop_at=3)
+    assert saves == [] and preemption.signum == signal.SIGTERM
+    assert "stopped after step 3 without a checkpoint of it (1 of 3 step(s)" in preemption.message
+    saves, preemption = _steps([1, NAN, 1], interval=10, stop_at=3)
+    assert saves == [3] and "checkpoint /ckpt/step-3 is complete" in preemption.message

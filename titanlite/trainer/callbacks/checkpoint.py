@@ -17,6 +17,7 @@ from titanlite.components.checkpoint.manager import CheckpointManager
 from titanlite.components.clock import Clock
 from titanlite.config.schema import Checkpoint
 from titanlite.core.dtypes import DTYPES
+from titanlite.core.logging import logger
 from titanlite.trainer.callbacks.base import Callback
 
 
@@ -27,10 +28,13 @@ class Saver:
         clock: Clock,
         config_hash: str,
         saved: Callable[[int], None],
+        failing: Callable[[], str] = lambda: "",
     ):
-        """`saved(step)`: told of each save (the callbacks' post_checkpoint_saved)."""
+        """`saved(step)`: told of each save (the callbacks' post_checkpoint_saved); `failing()`:
+        why the run, were it to end now, would fail ("" when it would not): no checkpoint is
+        written then, so that the latest is always one a good run could end with."""
         self.checkpointer, self.clock, self.config_hash = checkpointer, clock, config_hash
-        self.saved = saved
+        self.saved, self.failing = saved, failing
 
     def save(self, step: int, *, force_sync: bool = False) -> None:
         with self.clock.span("checkpoint"):
@@ -44,12 +48,24 @@ class Saver:
 
 
 class CheckpointWhenDue(Callback):
+    """The save at its interval; one withheld because the run is failing (saver.failing) is
+    written at the first step after which it is not."""
+
     def __init__(self, saver: Saver):
         self.saver = saver
+        self.owed = False
 
     def post_step(self, step: int) -> None:
-        if self.saver.checkpointer.should_save(step):
-            self.saver.save(step)
+        due = self.saver.checkpointer.should_save(step)
+        if not (due or self.owed):
+            return
+        if why := self.saver.failing():
+            if due:
+                logger.warning(f"checkpoint step-{step} not written: {why}")
+            self.owed = True
+            return
+        self.owed = False
+        self.saver.save(step)
 
     def post_train(self) -> None:
         self.saver.wait()

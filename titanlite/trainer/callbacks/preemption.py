@@ -38,6 +38,13 @@ class PreemptionAgreement(Callback):
             logger.warning(self.message)
             return
         self.saver.wait()
+        if why := self.saver.failing():
+            self.message = (
+                f"{name}: stopped after step {step} without a checkpoint of it ({why}); a "
+                "restart resumes from the latest checkpoint"
+            )
+            logger.warning(self.message)
+            return
         if self.last_saved != step:
             self.saver.save(step, force_sync=True)
         folder = step_dir(self.saver.checkpointer.folder, step)
