@@ -296,7 +296,17 @@ def launched_world_size() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        run(sys.argv[1:] if argv is None else argv, launched_world_size())
+        job, _ = run(sys.argv[1:] if argv is None else argv, launched_world_size())
     except user_errors() as e:
         return report(e)
+    warn_emulated_bf16(job)
     return 0
+
+
+def warn_emulated_bf16(job: JobConfig) -> None:
+    """One line, from this launch step (not from every rank): bfloat16 emulated on this CPU."""
+    from titanlite.core.distributed import device_type
+    from titanlite.preflight import bf16
+
+    if line := bf16.warning(job, device_type(), bf16.cpu_flags(), dict(os.environ)):
+        print(line, file=sys.stderr)
