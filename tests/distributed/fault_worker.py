@@ -8,6 +8,8 @@ with one fault planted, chosen by FAULT, on rank FAULT_RANK:
     slow_writer      the first checkpoint write waits FAULT_SECONDS first (a slow filesystem)
     slow_export      the Hugging Face export waits FAULT_SECONDS first (a large model); rank 0
                      is the one that exports
+    slow_shard_check each shard of the start-up checksum pass waits FAULT_SECONDS first (one
+                     rank's share of terabytes, or a slow disk)
 
 At close every rank saves its local parameters (its FSDP shards) to DUMP/rank{r}_params.pt and
 the timeout of each of its process groups to DUMP/rank{r}_timeouts.json.
@@ -31,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from titanlite import cli
 from titanlite.components.checkpoint import hf_training
 from titanlite.components.checkpoint.storage import ChecksummingWriter
+from titanlite.data.shards import ShardSet
 from titanlite.trainer.trainer import Trainer
 
 
@@ -83,4 +86,12 @@ def main(argv: list[str]) -> int:
         ChecksummingWriter.write_data = _once_slow(FileSystemWriter.write_data, seconds)  # type: ignore[method-assign]
     if mine and fault == "slow_export":
         hf_training.dcp_to_hf = _once_slow(hf_training.dcp_to_hf, seconds)
+    if mine and fault == "slow_shard_check":
+        check = ShardSet.verify_checksums
+
+        def slow_check(self, indices=None):
+            time.sleep(seconds * len(self.shards if indices is None else indices))
+            return check(self, indices)
+
+        ShardSet.verify_checksums = slow_check  # type: ignore[method-assign]
     return cli.main(argv)

@@ -15,11 +15,14 @@ import time
 
 import group_stall_worker
 import pytest
-from helpers import DEBUG_CONFIG, launch_worker, spawn, torchrun
+from helpers import DEBUG_CONFIG, ROOT, launch_worker, spawn, torchrun
+
+from titanlite.data.prepare import prepare
 
 TRAIN_TIMEOUT = 5
 # Rank 3 stalls; its TP peer is rank 2 (tp is the innermost mesh dim).
 STALL_RANK, TP_PEER = 3, 2
+CORPUS = ROOT / "titanlite" / "assets" / "corpus"
 
 
 def _tiny(tmp_path, steps: int, train_timeout: int, *extra: str) -> list[str]:
@@ -85,6 +88,7 @@ def test_a_timed_out_group_restarts_and_resumes_from_its_checkpoint(tmp_path):
 
 
 SLOW = 8  # seconds: over the training timeout below, under the start-up and checkpoint ones
+SHARD_SLOW = 2.5  # seconds per shard: under the start-up timeout, 4 shards over it
 FAULTS = {
     # Rank 1's first forward is late: its peers wait in step 1's first FSDP collective.
     "slow_first_step": ("1", []),
@@ -93,6 +97,9 @@ FAULTS = {
     # Rank 0 exports the final checkpoint as a Hugging Face folder, slower than even the
     # checkpoint group's timeout: no other rank may wait for it in a collective.
     "slow_export": ("0", ["--checkpoint.last_save_in_hf", "--checkpoint.timeout_seconds", "4"]),
+    # Rank 1 checksums each of its 4 prepared shards (of 9) in 2.5 s, 10 s in all: past the
+    # start-up timeout, which rank 0 must therefore not wait in.
+    "slow_shard_check": ("1", ["--comm.init_timeout_seconds", "5"]),
 }
 
 
@@ -101,16 +108,25 @@ FAULTS = {
 def test_slow_first_step_writer_and_export_finish(tmp_path, fault):
     rank, extra = FAULTS[fault]
     checkpointed = ["--checkpoint.enable_checkpoint", "--checkpoint.interval", "1"]
+    if fault == "slow_shard_check":
+        prepare([CORPUS], tmp_path / "shards", shard_mb=0.025, quiet=True)
+        extra = [*extra, "--training.dataset_path", str(tmp_path / "shards")]
     args = _tiny(tmp_path, 3, 3, *checkpointed, "--checkpoint.timeout_seconds", "60", *extra)
     start = time.time()
+    seconds = SHARD_SLOW if fault == "slow_shard_check" else SLOW
     proc = launch_worker(
-        2, "fault_worker", args, FAULT=fault, FAULT_RANK=rank, FAULT_SECONDS=str(SLOW)
+        2, "fault_worker", args, FAULT=fault, FAULT_RANK=rank, FAULT_SECONDS=str(seconds)
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert time.time() - start > SLOW  # the fault did delay the run
     assert "training done: 3 steps" in proc.stderr
     if fault == "slow_export":
         assert (tmp_path / "checkpoint" / "hf-step-3" / "config.json").exists()
+    if fault == "slow_shard_check":
+        took = re.search(
+            r"checked (\d+) items on 2 ranks: .* every rank's after ([\d.]+)s", proc.stderr
+        )
+        assert took and int(took[1]) == 9 and float(took[2]) >= 4 * SHARD_SLOW, took
     # After the first step every group but the checkpoint's has the training timeout, on every
     # rank; the checkpoint's keeps its own.
     ckpt_timeout = float(extra[-1]) if fault == "slow_export" else 60.0

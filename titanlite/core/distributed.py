@@ -4,8 +4,10 @@ the stack runs the same code on gloo as on NCCL."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import random
+import time
 
 import torch
 import torch.distributed as dist
@@ -126,14 +128,70 @@ def set_determinism(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def shared_check(n_items: int, check, group=None) -> list[str]:
+def shared_check(n_items: int, check, stall_seconds: float, group=None) -> list[str]:
     """Split a slow check of n_items (checksums) over the ranks: rank r runs check(indices) on
-    items r, r + world, ...; every rank gets all the problems found, sorted, so all agree."""
+    items r, r + world, ...; every rank gets all the problems found, sorted, so all agree.
+
+    No rank waits inside a collective meanwhile: a collective's timeout (the 300 s start-up
+    one) would end the run when one rank's share of terabytes takes longer than it. Each rank
+    publishes its progress and then its problems in the default group's store; the others
+    wait for the results as long as every unfinished rank reports progress at least once
+    every `stall_seconds`."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    problems = check([i for i in range(n_items) if i % world == rank])
-    everyone: list[list[str]] = [[] for _ in range(world)]
-    dist.all_gather_object(everyone, problems, group=group)
+    mine = [i for i in range(n_items) if i % world == rank]
+    if world == 1:
+        return sorted(set(check(mine)))
+    global _shared_checks
+    _shared_checks += 1
+    store = dist.distributed_c10d._get_default_store()
+    tag = f"titanlite/shared_check/{_shared_checks}"
+    start, problems = time.perf_counter(), []
+    try:
+        for done, i in enumerate(mine, 1):
+            problems += check([i])
+            store.set(f"{tag}/progress/{rank}", str(done))
+    except Exception as e:  # told to the others too, who would otherwise wait for a result
+        problems.append(f"rank {rank}: {type(e).__name__}: {e}")
+        raise
+    finally:
+        store.set(f"{tag}/result/{rank}", json.dumps(problems))
+    own = time.perf_counter() - start
+    everyone = _results(store, tag, world, stall_seconds)
+    if rank == 0:
+        logger.info(
+            f"checked {n_items} items on {world} ranks: this rank's {len(mine)} in {own:.1f}s, "
+            f"every rank's after {time.perf_counter() - start:.1f}s"
+        )
     return sorted({p for ps in everyone for p in ps})
+
+
+_shared_checks = 0  # calls so far: every rank makes the same ones, in the same order
+
+
+def _results(store, tag: str, world: int, stall_seconds: float) -> list[list[str]]:
+    """Every rank's result under `tag`; TimeoutError naming a rank whose progress stood still
+    for `stall_seconds`."""
+    keys = [f"{tag}/result/{r}" for r in range(world)]
+    last: dict[int, tuple[str, float]] = {}
+    pause = 0.01
+    # Polled: a TCPStore wait that times out logs a C++ warning each time.
+    while not store.check(keys):
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+        now = time.monotonic()
+        for r in range(world):
+            if store.check([keys[r]]):
+                continue
+            progress = f"{tag}/progress/{r}"
+            seen = store.get(progress).decode() if store.check([progress]) else ""
+            if last.get(r, (None, 0.0))[0] != seen:
+                last[r] = (seen, now)
+            elif now - last[r][1] > stall_seconds:
+                raise TimeoutError(
+                    f"rank {r} made no progress with its share of the checksums for "
+                    f"{stall_seconds:.0f}s (items done: {seen or 'none'}); is its file system hung?"
+                )
+    return [json.loads(store.get(k)) for k in keys]
 
 
 def log_layout(world_mesh, description: str, device: torch.device) -> None:

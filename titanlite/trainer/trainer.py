@@ -289,7 +289,9 @@ class Trainer:
     def _verify_shards(self, shards: ShardSet) -> None:
         """Checksum every prepared shard before training, the ranks sharing the reading."""
         start = time.perf_counter()
-        problems = distributed.shared_check(len(shards.shards), shards.verify_checksums)
+        problems = distributed.shared_check(
+            len(shards.shards), shards.verify_checksums, self.job.comm.init_timeout_seconds
+        )
         if problems:
             raise DatasetError(f"{shards.key}: " + "; ".join(problems[:3]))
         logger.info(

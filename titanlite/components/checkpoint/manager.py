@@ -218,7 +218,10 @@ class CheckpointManager:
         """Each rank checksums a share of the files; all agree before anything is read."""
         names = sorted(read_manifest(path)["files"])
         found = shared_check(
-            len(names), lambda mine: verify(path, files=[names[i] for i in mine]), self.pg
+            len(names),
+            lambda mine: verify(path, files=[names[i] for i in mine]),
+            self.cfg.timeout_seconds,
+            self.pg,
         )
         if found:
             raise CheckpointError(f"cannot load {path}: " + "; ".join(found[:3]))
