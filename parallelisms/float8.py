@@ -31,7 +31,6 @@ class Float8Options:
     filter_fqns: tuple[str, ...] = ("output",)
     fsdp_float8_all_gather: bool = False
     precompute_scale: bool = False
-    force_recompute_weight_in_bwd: bool = False
     # NCCL moves float8 tensors; gloo cannot, so on CPU the TP all-gathers stay high precision.
     float8_collectives: bool = True
 
@@ -117,15 +116,10 @@ def torchao_config(opts: Float8Options):
     if opts.recipe == "tensorwise":
         return Float8LinearConfig(
             enable_fsdp_float8_all_gather=opts.fsdp_float8_all_gather,
-            force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd,
             emulate=opts.emulate,
         )
     config = Float8LinearConfig.from_recipe_name(opts.recipe)
-    return dataclasses.replace(
-        config,
-        emulate=opts.emulate,
-        force_recompute_fp8_weight_in_bwd=opts.force_recompute_weight_in_bwd,
-    )
+    return dataclasses.replace(config, emulate=opts.emulate)
 
 
 def convert_to_float8(model: nn.Module, opts: Float8Options) -> ConversionPlan:

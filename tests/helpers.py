@@ -274,11 +274,12 @@ def _with_config(args: list[str]) -> list[str]:
 
 def preflight(args: list[str], **env: str) -> subprocess.CompletedProcess:
     """What ./run_train.sh's preflight step answers to ONE_STEP + `args`, run in this process:
-    the same command line with NGPU (1 unless given) as the world size."""
+    the same command line with NGPU (1 unless given) as the world size, `env` set for it."""
     from titanlite.preflight import checks
 
     ngpu = env.get("NGPU", "1")
-    return in_process(checks.main, _with_config([*ONE_STEP, *args]), WORLD_SIZE=ngpu, NGPU=ngpu)
+    argv = _with_config([*ONE_STEP, *args])
+    return in_process(checks.main, argv, **{**env, "WORLD_SIZE": ngpu, "NGPU": ngpu})
 
 
 def dry_run(*args: str, **env: str) -> subprocess.CompletedProcess:

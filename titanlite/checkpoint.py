@@ -9,8 +9,13 @@ import sys
 from pathlib import Path
 
 from titanlite.components.checkpoint.folder import CheckpointError
-from titanlite.components.checkpoint.storage import read_manifest, read_metadata, verify
-from titanlite.core.errors import USER_ERROR
+from titanlite.components.checkpoint.storage import (
+    ManifestError,
+    read_manifest,
+    read_metadata,
+    verify,
+)
+from titanlite.core.errors import USER_ERROR, report
 
 
 def main(argv: list[str]) -> int:
@@ -18,6 +23,12 @@ def main(argv: list[str]) -> int:
         print("usage: python -m titanlite.checkpoint verify PATH", file=sys.stderr)
         return USER_ERROR
     path = Path(argv[1])
+    try:
+        read_manifest(path)
+    except ManifestError as e:  # nothing to verify against: the user's to fix, in one line
+        return report(e)
+    except CheckpointError:
+        pass  # no folder, no manifest: listed as problems below
     problems = verify(path)
     if not problems:
         try:
@@ -32,8 +43,9 @@ def main(argv: list[str]) -> int:
     manifest = read_manifest(path)
     total = sum(r["size"] for r in manifest["files"].values())
     print(
-        f"{path}: OK (step {manifest['step']}, {len(manifest['files'])} files, {total / 2**20:.1f} MiB, "
-        f"keys {', '.join(manifest['keys'])}, torch {manifest['torch_version']})"
+        f"{path}: OK (step {manifest.get('step', '?')}, {len(manifest['files'])} files, "
+        f"{total / 2**20:.1f} MiB, keys {', '.join(map(str, manifest.get('keys', [])))}, "
+        f"torch {manifest.get('torch_version', '?')})"
     )
     return 0
 

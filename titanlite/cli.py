@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from typing import IO
 
 from titanlite.components.nonfinite import NonFiniteTraining
 from titanlite.components.preemption import (
@@ -16,7 +17,7 @@ from titanlite.components.preemption import (
     requeue_slurm_job,
 )
 from titanlite.config import loader as config_lib
-from titanlite.core import distributed
+from titanlite.core import distributed, dump_lock
 from titanlite.core.errors import INTERRUPTED, NONFINITE, USER_ERROR, error_line
 from titanlite.core.logging import init_logger
 from titanlite.preflight import checks as preflight
@@ -57,6 +58,10 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> tuple[int, 
         job, pre = preflight.run(argv, distributed.launched_world_size())
     except preflight.user_errors() as e:
         return _fail(e, USER_ERROR)
+    try:
+        lock = _hold_dump_folder(job)  # noqa: F841 - held until the run ends
+    except dump_lock.FolderInUse as e:
+        return _fail(e, USER_ERROR)
     if job.job.print_config or job.job.print_args:
         if os.environ.get("RANK", "0") == "0":
             print(config_lib.to_toml(job))
@@ -91,6 +96,14 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> tuple[int, 
                 requeue_slurm_job()
         return exit_code_for(trainer.preempted), f"titanlite: {trainer.stop_message}"
     return 0, ""
+
+
+def _hold_dump_folder(job) -> IO[str] | None:
+    """Rank 0 takes the dump folder's lock for the run unless the launcher that started it
+    holds it (titanlite.launch on one node); see titanlite/core/dump_lock.py."""
+    if os.environ.get("RANK", "0") != "0" or dump_lock.held_by_launcher(job.job.dump_folder):
+        return None
+    return dump_lock.hold(job.job.dump_folder)
 
 
 def cli() -> None:

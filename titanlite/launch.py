@@ -24,12 +24,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported only once the launch is under way
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from titanlite.core.errors import EXIT_DIR_ENV, OWN_CODES, error_line
+from titanlite.core.dump_lock import FolderInUse, hold
+from titanlite.core.errors import (
+    EXIT_DIR_ENV,
+    LAUNCHER_PID_ENV,
+    OWN_CODES,
+    error_line,
+    report,
+)
 
 
 class _DropFailureRecord(logging.Filter):
@@ -50,6 +57,15 @@ def _dump_folder(training_args: list[str]) -> Path | None:
         return Path(load(args).job.dump_folder)
     except Exception:
         return None
+
+
+def _hold_dump_folder(args) -> IO[str] | None:
+    """The run's dump-folder lock, held by this launcher across torchrun's restarts of the
+    ranks. A multi-node launch has a launcher per node: there global rank 0 takes it."""
+    if str(args.nnodes) not in ("1", "1:1"):
+        return None
+    folder = _dump_folder(list(args.training_script_args))
+    return None if folder is None else hold(folder)
 
 
 def _pick(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
@@ -96,11 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        lock = _hold_dump_folder(args)  # noqa: F841 - held until this process ends
+    except FolderInUse as e:
+        return report(e)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
         _DropFailureRecord()
     )
     exit_dir = tempfile.mkdtemp(prefix="titanlite-exits-")
     os.environ[EXIT_DIR_ENV] = exit_dir  # the ranks inherit it through torchrun
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     try:
         run(args)
     except SignalException as e:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
 
-from titanlite.core.errors import EXIT_DIR_ENV, INTERRUPTED, USER_ERROR
+from titanlite.core.errors import EXIT_DIR_ENV, INTERRUPTED, LAUNCHER_PID_ENV, USER_ERROR
 
 
 class _LastLine:
@@ -67,7 +69,46 @@ def _record(code: int, line: str) -> None:
         pass  # the launcher falls back to naming the rank and its exit code
 
 
+def _die_with_launcher() -> None:
+    """A rank must not outlive titanlite.launch: torchrun starts each rank in its own session,
+    so a kill -9 of the launcher's process group leaves the ranks training on, writing
+    checkpoints and racing a relaunch. On Linux the kernel sends SIGKILL when the parent dies
+    (PR_SET_PDEATHSIG); a watchdog thread covers other systems and a launcher that is not the
+    direct parent. SIGKILL, not SIGTERM: a SIGTERM'd rank would save a checkpoint."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
+    if launcher <= 0:
+        return
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if not _alive(launcher, parent):  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch, args=(launcher, parent), daemon=True).start()
+
+
+def _alive(launcher: int, parent: int) -> bool:
+    if os.getppid() != parent:  # re-parented: our parent has died
+        return False
+    try:
+        os.kill(launcher, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process with that pid exists
+        pass
+    return True
+
+
+def _watch(launcher: int, parent: int) -> None:
+    while _alive(launcher, parent):
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
+    _die_with_launcher()
     if len(sys.argv) < 2:
         print("usage: python -m titanlite.rank MODULE [args]", file=sys.stderr)
         sys.exit(USER_ERROR)

@@ -124,3 +124,18 @@ def test_debug_release_toml_trains_with_only_paths_overridden(tmp_path):
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)
     assert "titanlite spells it [model] tokenizer_path" in proc.stderr
+
+
+def test_a_dropped_float8_option_loads_with_a_note(tmp_path, capsys):
+    """force_recompute_fp8_weight_in_bwd is a no-op in torchao 0.18: titanlite dropped it, and
+    TorchTitan's TOMLs (either table name) and command lines that set it still load."""
+    for table in ("[quantize.linear.float8]", "[float8]"):
+        toml = tmp_path / "f8.toml"
+        toml.write_text(f"{table}\nforce_recompute_fp8_weight_in_bwd = true\n")
+        load(["--config", str(toml)])
+        assert (
+            f"titanlite: note: {toml}: [float8] force_recompute_fp8_weight_in_bwd = True is "
+            "ignored: torchao 0.18 no longer reads it" in capsys.readouterr().err
+        )
+    load(["--float8.force_recompute_fp8_weight_in_bwd", "true"])
+    assert "force_recompute_fp8_weight_in_bwd = 'true' is ignored" in capsys.readouterr().err

@@ -23,7 +23,6 @@ def float8_options(job: JobConfig, *, fsdp_enabled: bool, device_type: str) -> F
         filter_fqns=tuple(f.filter_fqns),
         fsdp_float8_all_gather=all_gather,
         precompute_scale=all_gather and f.precompute_float8_dynamic_scale_for_fsdp,
-        force_recompute_weight_in_bwd=f.force_recompute_fp8_weight_in_bwd,
         float8_collectives=device_type == "cuda",
     )
 

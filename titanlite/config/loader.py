@@ -27,12 +27,20 @@ from titanlite.config.schema import (
     UNIMPLEMENTED_SECTIONS,
     JobConfig,
 )
-from titanlite.core.io import atomic_write_text
+from titanlite.core.io import atomic_write_text, special_kind
 from titanlite.core.logging import logger
 
 
 class ConfigError(ValueError):
     """A user-caused configuration mistake; the message is the whole explanation."""
+
+
+# Integers reach tensors, C++ (the process group's timeouts) and the clock: 64-bit signed.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+
+
+class IntegerOutOfRange(ValueError):
+    """An integer beyond 64 bits."""
 
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -91,13 +99,12 @@ def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
             return str(value).lower() in _TRUE
         raise ValueError
     if base is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, int) and not from_cli:
             raise ValueError
-        if isinstance(value, int):
-            return value
-        if from_cli:
-            return int(str(value), 0)
-        raise ValueError
+        whole = value if isinstance(value, int) else int(str(value), 0)
+        if not INT_MIN <= whole <= INT_MAX:
+            raise IntegerOutOfRange
+        return whole
     if base is float:
         if isinstance(value, bool):
             raise ValueError
@@ -153,6 +160,10 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
     tp = _field_types(type(sec))[key]
     try:
         value = _coerce(raw, tp, from_cli)
+    except IntegerOutOfRange:
+        raise ConfigError(
+            f"{where} = {raw}: out of range; integers must be within [{INT_MIN}, {INT_MAX}]"
+        ) from None
     except ValueError:
         raise ConfigError(f"{where} = {raw!r}: expected {_type_name(tp)}") from None
     meta = fields[key].metadata
@@ -321,6 +332,8 @@ def load(argv: list[str]) -> JobConfig:
                 f"--config {path}: {cfg_path} is a folder; pass a .toml file (presets are in "
                 "train_configs/)"
             )
+        if kind := special_kind(cfg_path):  # reading a FIFO would wait forever
+            raise ConfigError(f"--config {path}: {cfg_path} is {kind}; pass a .toml file")
         try:
             data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:

@@ -325,7 +325,6 @@ class Float8:
     precompute_float8_dynamic_scale_for_fsdp: bool = opt(
         False, "all weight scales in one all-reduce after each optimizer step"
     )
-    force_recompute_fp8_weight_in_bwd: bool = opt(False, "recompute float8 weights in backward")
     filter_fqns: list[str] = opt(
         ["output"], "Linear layers whose name contains one stay high precision"
     )
@@ -414,4 +413,6 @@ FIXED_KEYS: dict[tuple[str, str], Any] = {
 IGNORED_KEYS: dict[tuple[str, str], str] = {
     ("validation", "dataset"): "titanlite has no named validation sets; it validates on "
     "validation.dataset_path",
+    ("float8", "force_recompute_fp8_weight_in_bwd"): "torchao 0.18 no longer reads it (a "
+    "deprecated no-op there), so titanlite dropped it",
 }

@@ -15,6 +15,8 @@ OWN_CODES = (USER_ERROR, NONFINITE, PREEMPTED, INTERRUPTED)
 
 # Where titanlite.rank leaves each failed rank's code and last line for titanlite.launch.
 EXIT_DIR_ENV = "TITANLITE_EXIT_DIR"
+# The pid of titanlite.launch, which its ranks (titanlite.rank) must not outlive.
+LAUNCHER_PID_ENV = "TITANLITE_LAUNCHER_PID"
 
 
 class EnvironmentProblem(RuntimeError):

@@ -40,3 +40,22 @@ def file_crc32(path: Path) -> int:
         while chunk := f.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
     return crc
+
+
+def special_kind(path: Path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a folder (a named pipe,
+    a device, a socket): reading one blocks or never ends, so callers refuse it by name before
+    opening it. None otherwise."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    kinds = {
+        stat.S_ISFIFO: "a named pipe (FIFO)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), None)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titanlite.core.io import special_kind
 from titanlite.core.logging import logger
 
 TEXT_SUFFIXES = (".txt", ".py")  # one file = one document
@@ -45,6 +46,8 @@ def list_files(path: Path, key: str = "training.dataset_path") -> list[Path]:
     """The dataset's files in a fixed order; DatasetError if there is nothing to read."""
     if not path.exists():
         raise DatasetError(f"{key}: {path} does not exist")
+    if kind := special_kind(path):
+        raise DatasetError(f"{key}: {path} is {kind}; give a file or a folder of files")
     if (saved := saved_dataset_files(path, key)) is not None:
         files = saved
     elif path.is_file():

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from titanlite.core.io import special_kind
+
 BUILTIN_TOKENIZER = (
     Path(__file__).resolve().parent.parent / "assets" / "tokenizer" / "tokenizer.json"
 )
@@ -29,6 +31,11 @@ def resolve_tokenizer_path(path: str) -> Path:
     p = Path(path) if path else BUILTIN_TOKENIZER
     if p.is_dir():
         p = p / "tokenizer.json"
+    if kind := special_kind(p):
+        raise TokenizerError(
+            f"model.tokenizer_path: {p} is {kind}, not a file; give a Hugging Face "
+            "tokenizer.json (or a folder holding one)"
+        )
     if not p.is_file():
         raise TokenizerError(
             f"model.tokenizer_path: {p} does not exist; give a Hugging Face tokenizer.json "

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from titanlite.config.loader import ConfigError, load
 from titanlite.config.schema import JobConfig
+from titanlite.core import dump_lock
 from titanlite.core.errors import EnvironmentProblem, report
 from titanlite.preflight.checkpoint import check_checkpoint, check_seed_checkpoint
 from titanlite.preflight.data import check_windows, open_datasets
 from titanlite.preflight.environment import check_environment
+from titanlite.preflight.float8 import eager_warning
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
     from models import ModelArgs
@@ -256,6 +258,10 @@ def check_output_paths(job: JobConfig) -> None:
             raise ConfigError(
                 f"{key}: cannot write to {folder} ({e.strerror or e}); choose a writable folder"
             ) from None
+    # Another live run in this folder refuses this one here, before torchrun; the ranks of a
+    # run whose launcher holds the lock (and ranks other than 0) do not look.
+    if os.environ.get("RANK", "0") == "0" and not dump_lock.held_by_launcher(dump):
+        dump_lock.probe(dump)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -271,6 +277,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         TokenizerError,
         CheckpointError,
         EnvironmentProblem,
+        dump_lock.FolderInUse,
     )
 
 
@@ -294,12 +301,33 @@ def launched_world_size() -> int:
     return n
 
 
+def check_launcher_env(world_size: int) -> None:
+    """run_train.sh's own variables, which torchrun would otherwise reject with a usage message
+    about flags the user never typed (or, for a LOG_RANK beyond the ranks, show nothing)."""
+    for name in ("MAX_RESTARTS", "STOP_GRACE_SECONDS"):
+        raw = os.environ.get(name)
+        if raw is not None and not (raw.strip().isdigit() and int(raw) <= 10**9):
+            raise ConfigError(f"{name}={raw}: expected a whole number >= 0 (or leave it unset)")
+    raw = os.environ.get("LOG_RANK")
+    if raw is None:
+        return
+    if not all(r.strip().isdigit() and int(r) < world_size for r in raw.split(",")):
+        raise ConfigError(
+            f"LOG_RANK={raw}: expected local ranks within 0..{world_size - 1} (NGPU = "
+            f"{world_size}), comma-separated, e.g. LOG_RANK=0 or LOG_RANK=0,1"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        job, _ = run(sys.argv[1:] if argv is None else argv, launched_world_size())
+        world_size = launched_world_size()
+        check_launcher_env(world_size)
+        job, _ = run(sys.argv[1:] if argv is None else argv, world_size)
     except user_errors() as e:
         return report(e)
     warn_emulated_bf16(job)
+    if line := eager_warning(job):
+        print(line, file=sys.stderr)
     return 0
 
 

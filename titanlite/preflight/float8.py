@@ -19,6 +19,20 @@ def torchao_missing(job: JobConfig) -> str | None:
     return None
 
 
+def eager_warning(job: JobConfig) -> str:
+    """The one warning line for float8 without training.compile, else "". Eagerly, each cast to
+    float8 (amax, scale, cast, for the input, the weight and in backward the gradient) is its
+    own kernel reading and writing the whole tensor, which usually costs more than the float8
+    matmul saves over bfloat16; compile fuses the casts. `emulate` is for numerics, not speed."""
+    if not float8_enabled(job) or job.training.compile or job.float8.emulate:
+        return ""
+    return (
+        "titanlite: warning: model.converters = ['float8'] without training.compile: eager "
+        "float8 casts are separate kernels and usually make the run slower than bfloat16; add "
+        "--training.compile true"
+    )
+
+
 def check(job: JobConfig, *, fsdp_enabled: bool, device_type: str, planning: bool) -> None:
     """Raise LayoutError for a float8 setup this machine cannot run. A dry run (`planning`)
     targets another machine, so the local GPU's generation is not checked."""

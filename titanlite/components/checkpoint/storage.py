@@ -187,9 +187,31 @@ def read_manifest(path: Path) -> dict[str, Any]:
             "did not finish) or not a titanlite checkpoint"
         )
     try:
-        return json.loads(mf.read_text())
+        manifest = json.loads(mf.read_text())
     except ValueError as e:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupted ({e})") from None
+        raise ManifestError(f"checkpoint {path}: {MANIFEST} is corrupted ({e})") from None
+    _check_records(mf, manifest)
+    return manifest
+
+
+class ManifestError(CheckpointError):
+    """A manifest that is not what titanlite writes (damaged or edited by hand)."""
+
+
+def _check_records(mf: Path, manifest: Any) -> None:
+    """Every file record holds an integer size and CRC32: each reader indexes them."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ManifestError(f"{mf}: no 'files' table; it is not a titanlite manifest")
+    for name, rec in files.items():
+        for field in ("size", "crc32"):
+            value = rec.get(field) if isinstance(rec, dict) else None
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ManifestError(
+                    f"{mf}: the record of {name} has no valid '{field}' (got "
+                    f"{value!r}); the manifest is damaged or was edited: restore it, or "
+                    "resume from another checkpoint"
+                )
 
 
 def verify(path: Path, files: list[str] | None = None, checksums: bool = True) -> list[str]:

@@ -100,6 +100,15 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
+def eta_text(seconds: float) -> str:
+    """H:MM:SS, hours unbounded (gmtime would wrap at a day, and overflow on a huge one)."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
 def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -231,7 +240,7 @@ class MetricsLogger:
                 if "memory_gib_stages" in r
                 else ""
             )
-            + f"data {r['data_loading_pct']:.1f}%  eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+            + f"data {r['data_loading_pct']:.1f}%  eta {eta_text(eta)}"
             + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
         )
         if self.jsonl is not None:
