@@ -1,4 +1,4 @@
-"""scripts/mutants.py keeps up with the code without running a mutant (that takes ~20 minutes
+"""scripts/mutants.py keeps up with the code without running a mutant (that takes ~11 minutes
 and runs before each release): every mutant still finds the one place it edits, its edit leaves
 valid Python, and every test it names exists."""
 
