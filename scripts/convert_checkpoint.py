@@ -20,6 +20,7 @@ import argparse
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -44,10 +45,16 @@ _UNITS = {
 }
 
 
-def _check_destination(dst: Path) -> None:
-    """Refuse, before any reading, a destination that exists or whose parent is a file."""
+def _check_destination(dst: Path, one_file: bool) -> None:
+    """Refuse, before any reading, a destination that exists or whose parent is a file; a
+    one-file destination (torch.save) needs its folder to exist (the folder destinations are
+    made with their parents)."""
     if dst.exists():
         raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
+    if one_file and not dst.parent.exists():
+        raise CheckpointError(
+            f"destination {dst}: folder {dst.parent} does not exist; create it first"
+        )
     parent = dst.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -64,8 +71,36 @@ def dcp_to_torch(src: Path, dst: Path, everything: bool) -> None:
     torch.save(sd, dst)
 
 
+def _check_torch_file(src: Path) -> None:
+    """A torch.save file by its first bytes (a zip archive, or a legacy pickle's protocol
+    byte), before torch.load reads it all."""
+    with src.open("rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        raise CheckpointError(f"{src} is not a torch.save file (it starts with {head!r})")
+
+
+def _load_weights(src: Path) -> dict:
+    """torch.load with weights_only=True (no code from the file runs): a refusal in one line."""
+    try:
+        with warnings.catch_warnings():  # "Detected pickle protocol 4": said in the error
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            sd = torch.load(src, weights_only=True, map_location="cpu")
+    except Exception as e:  # the unpickler raises many kinds for a file it cannot read
+        lines = [ln for ln in str(e).splitlines() if "nsupported" in ln]
+        why = lines[0].strip() if lines else f"{type(e).__name__}: {e}".splitlines()[0]
+        raise CheckpointError(
+            f"{src}: torch.load(weights_only=True) refuses it ({why}); only tensors and plain "
+            "containers are read, no code"
+        ) from None
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"{src} holds a {type(sd).__name__}, not a state dict")
+    return sd
+
+
 def torch_to_dcp(src: Path, dst: Path) -> None:
-    sd = torch.load(src, weights_only=True, map_location="cpu")
+    _check_torch_file(src)
+    sd = _load_weights(src)
     if "model" not in sd:  # a bare model state dict
         sd = {"model": sd}
     save_full_state_dict(
@@ -135,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        _check_destination(args.dst)
+        _check_destination(args.dst, one_file=args.direction == "dcp-to-torch")
         if args.direction == "dcp-to-torch":
             dcp_to_torch(args.src, args.dst, args.all)
         elif args.direction == "torch-to-dcp":

@@ -116,6 +116,7 @@ def main(argv: list[str]) -> int:
     except preflight.user_errors() as e:
         return report(e)
     try:
+        import ray
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
@@ -125,6 +126,14 @@ def main(argv: list[str]) -> int:
     from titanlite.core.distributed import backend_for
 
     _start_ray(args)
+    if args.use_gpu and (gpus := ray.cluster_resources().get("GPU", 0)) < args.num_workers:
+        # Ray Train would wait for GPUs that never come, retrying the start-up forever.
+        ray.shutdown()
+        return report(
+            f"--use-gpu: the Ray cluster has {gpus:g} GPU(s) and --num-workers "
+            f"{args.num_workers} needs {args.num_workers} (one per worker); add GPUs, lower "
+            "--num-workers, or drop --use-gpu to train on CPU"
+        )
     dump = Path(job.job.dump_folder).resolve()
     trainer = TorchTrainer(
         worker,  # type: ignore[arg-type]  # (Ray's hint says None; Train V2 keeps rank 0's value)

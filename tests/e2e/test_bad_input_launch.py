@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,58 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
     expect_one_line(got["stop_grace"], 2, "STOP_GRACE_SECONDS=abc: expected a whole number")
     for proc in got.values():
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_converters_refuse_unreadable_sources_and_missing_folders_in_one_line(tmp_path):
+    import pickle
+
+    import torch
+
+    crafted, text = tmp_path / "crafted.pt", tmp_path / "notes.txt"
+    torch.save({"w": _Exploit()}, crafted)
+    pickled = tmp_path / "plain.pkl"
+    pickled.write_bytes(pickle.dumps({"w": _Exploit()}))
+    text.write_text("hello world\n")
+    # The destination is checked before the source is read: this one is never opened.
+    unread = tmp_path / "checkpoint-never-read"
+    missing = tmp_path / "no" / "such" / "model.pt"
+    cases = {
+        "crafted": ("torch-to-dcp", crafted, tmp_path / "crafted"),
+        "pickled": ("torch-to-dcp", pickled, tmp_path / "pickled"),
+        "text": ("torch-to-dcp", text, tmp_path / "text"),
+        "missing": ("dcp-to-torch", unread, missing),
+    }
+    with ThreadPoolExecutor(2) as pool:
+        runs = {
+            name: pool.submit(run_python, ["scripts/convert_checkpoint.py", *map(str, args)])
+            for name, args in cases.items()
+        }
+        got = {name: f.result() for name, f in runs.items()}
+    refused = "torch.load(weights_only=True) refuses it"
+    expect_one_line(got["crafted"], 2, f"convert_checkpoint: error: {crafted}: {refused}", "posix")
+    expect_one_line(got["pickled"], 2, f"{pickled}: {refused} (Unsupported operand")
+    expect_one_line(got["text"], 2, f"{text} is not a torch.save file (it starts with b'hell')")
+    expect_one_line(got["missing"], 2, f"folder {missing.parent} does not exist; create it first")
+    for name, proc in got.items():
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not (tmp_path / name).exists()
+
+
+@pytest.mark.slow
+def test_ray_use_gpu_without_gpus_is_one_line(tmp_path):
+    pytest.importorskip("ray.train", reason="the ray extra (pip install -e '.[ray]')")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs: the local Ray instance would have them")
+    dump = ["--job.dump_folder", str(tmp_path / "out")]
+    proc = run_python(
+        ["scripts/ray_train.py", "--num-workers", "1", "--use-gpu", *ONE_STEP, *dump], timeout=180
+    )
+    expect_one_line(proc, 2, "--use-gpu: the Ray cluster has 0 GPU(s) and --num-workers 1 needs 1")
+    assert "Traceback" not in proc.stderr
