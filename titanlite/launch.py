@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # torch is imported only once the launch is under way
 
 from titanlite.core.dump_lock import FolderInUse, hold
 from titanlite.core.errors import (
+    COLOR_ENV,
     EXIT_DIR_ENV,
     LAUNCHER_PID_ENV,
     OWN_CODES,
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_dir = tempfile.mkdtemp(prefix="titanlite-exits-")
     os.environ[EXIT_DIR_ENV] = exit_dir  # the ranks inherit it through torchrun
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
+    os.environ.setdefault(COLOR_ENV, "1" if sys.stderr.isatty() else "0")
     try:
         run(args)
     except SignalException as e:

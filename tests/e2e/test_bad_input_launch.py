@@ -21,6 +21,7 @@ from helpers import (
     ROOT,
     check,
     clean_env,
+    dry_run,
     expect_one_line,
     in_pairs,
     preflight_cases,
@@ -123,6 +124,9 @@ def test_a_second_run_in_a_busy_folder_is_refused_and_ranks_die_with_the_launche
     assert len(killed_run["ranks"]) == 2, killed_run["ranks"]
     assert killed_run["survivors"] == [], "ranks outlived kill -9 of their launcher"
     assert killed_run["later"] == killed_run["at_kill"], "written after the kill"
+    # Its output went to a file: plain text, no colour codes.
+    log = (folder / "launch.log").read_text()
+    assert "step      1" in log and "\033[" not in log, log[-2000:]
 
 
 @pytest.mark.slow
@@ -139,15 +143,23 @@ def test_relaunch_after_kill_resumes_and_bad_manifests_are_one_line(killed_run, 
     name = sorted(record["files"])[0]
     del record["files"][name]["size"]
     manifest.write_text(json.dumps(record))
+    used = tmp_path / "used"  # a fresh start where an earlier run left its metrics
+    used.mkdir()
+    shutil.copy(folder / "metrics.jsonl", used / "metrics.jsonl")
     resume = ["--checkpoint.enable_checkpoint", "--training.steps"]
     got = in_pairs(
         {
             "relaunch": (["--job.dump_folder", str(folder), *resume, str(last + 1)], {}),
             "no_size": (["--job.dump_folder", str(damaged), *resume, "3"], {}),
+            "rerun": (["--job.dump_folder", str(used)], {}),
         }
     )
     check(got["relaunch"])
     assert f"resuming at step {last}" in got["relaunch"].stderr + got["relaunch"].stdout
+    assert "already holds" not in got["relaunch"].stderr  # a resume appends on purpose
+    rerun = check(got["rerun"]).stderr
+    assert f"{used / 'metrics.jsonl'} already holds an earlier run's steps" in rerun, rerun
+    assert f"training done: 1 steps, 128 tokens; outputs in {used}" in rerun, rerun
     words = f"{manifest}: the record of {name} has no valid 'size'"
     expect_one_line(got["no_size"], 2, "titanlite: error: cannot load", words)
     verify = run_python(["-m", "titanlite.checkpoint", "verify", str(manifest.parent)])
@@ -185,9 +197,12 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
         "log_rank_5": (dump, {"LOG_RANK": "5", "NGPU": "2"}),
         "max_restarts": (dump, {"MAX_RESTARTS": "abc"}),
         "stop_grace": (dump, {"STOP_GRACE_SECONDS": "abc"}),
+        "wandb_mode": ([*dump, "--metrics.enable_wandb"], {"WANDB_MODE": "bogus"}),
+        "exclude_typo": ([*dump, "--checkpoint.exclude_from_loading", "model,optimiser"], {}),
     }
     try:
-        got = preflight_cases(cases, shell=("config_fifo", "steps", "log_rank_5"))
+        shell = ("config_fifo", "dataset_fifo", "steps", "log_rank_5", "max_restarts")
+        got = preflight_cases(cases, shell=(*shell, "wandb_mode"))
     finally:
         lock.close()
     expect_one_line(
@@ -202,7 +217,13 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
     expect_one_line(got["log_rank_5"], 2, "LOG_RANK=5: expected local ranks within 0..1 (NGPU = 2)")
     expect_one_line(got["max_restarts"], 2, "MAX_RESTARTS=abc: expected a whole number >= 0")
     expect_one_line(got["stop_grace"], 2, "STOP_GRACE_SECONDS=abc: expected a whole number")
-    for proc in got.values():
+    expect_one_line(got["wandb_mode"], 2, "WANDB_MODE=bogus: wandb takes online, offline, disabled")
+    expect_one_line(
+        got["exclude_typo"], 2, "'optimiser' is not one of", "(did you mean 'optimizer'?)"
+    )
+    world_0 = dry_run("--dry-run.world_size", "0")
+    expect_one_line(world_0, 2, "--dry-run.world_size 0: expected a positive number of processes")
+    for proc in (*got.values(), world_0):
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 

@@ -174,7 +174,9 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
             raise ConfigError(f"{where} = {value!r}: expected one of {shown}")
         for item in value if isinstance(value, list) else []:
             if item not in choices:
-                raise ConfigError(f"{where} = {value!r}: {item!r} is not one of {shown}")
+                raise ConfigError(
+                    f"{where} = {value!r}: {item!r} is not one of {shown}{_closest(item, choices)}"
+                )
     low = meta.get("min")
     if low is not None and value is not None and value < low:
         raise ConfigError(f"{where} = {value!r}: must be >= {low}")

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# What a checkpoint holds (components/checkpoint/states.py keeps these names): the keys that
+# checkpoint.exclude_from_loading may name.
+CHECKPOINT_KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
+
 
 def opt(default: Any, help: str = "", **meta: Any) -> Any:
     """A config field: its default, a one-line help, and loader metadata."""
@@ -268,7 +272,9 @@ class Checkpoint:
     )
     load_step: int = opt(-1, "step to resume from; -1 = latest")
     create_seed_checkpoint: bool = opt(False, "write step-0 model weights (1 process) and exit")
-    exclude_from_loading: list[str] = opt([], "state keys not restored on resume")
+    exclude_from_loading: list[str] = opt(
+        [], "state keys not restored on resume", choices=CHECKPOINT_KEYS
+    )
     initial_load_path: str | None = opt(None, "checkpoint to start from when the folder has none")
     initial_load_model_weights_only: bool = opt(True, "start from model weights only")
     initial_load_in_hf: bool = opt(

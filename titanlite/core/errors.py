@@ -17,6 +17,8 @@ OWN_CODES = (USER_ERROR, NONFINITE, PREEMPTED, INTERRUPTED)
 EXIT_DIR_ENV = "TITANLITE_EXIT_DIR"
 # The pid of titanlite.launch, which its ranks (titanlite.rank) must not outlive.
 LAUNCHER_PID_ENV = "TITANLITE_LAUNCHER_PID"
+# "1" when titanlite.launch's stderr is a terminal (the ranks' own is torchrun's file).
+COLOR_ENV = "TITANLITE_COLOR"
 
 
 class EnvironmentProblem(RuntimeError):

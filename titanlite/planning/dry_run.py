@@ -413,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"--dry-run.headroom_gib {headroom:g} must be >= 0 and below "
                 f"--dry-run.device_memory_gib {memory:g}"
             )
+        if world < 1:
+            raise config_lib.ConfigError(
+                f"--dry-run.world_size {world}: expected a positive number of processes"
+            )
         if not 0 <= rank < world:
             raise config_lib.ConfigError(f"--dry-run.rank {rank} is outside world size {world}")
         job = config_lib.load(rest)

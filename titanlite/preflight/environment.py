@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from titanlite.config.schema import JobConfig
 from titanlite.core.errors import EnvironmentProblem
 
 MIN_TORCH = (2, 7)
+# What wandb.init accepts as WANDB_MODE (wandb's Settings), the documented three first.
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
 
 
 def check_environment(job: JobConfig) -> None:
@@ -38,6 +41,12 @@ def check_environment(job: JobConfig) -> None:
                 "metrics.enable_tensorboard needs tensorboard: pip install tensorboard "
                 "(or set --metrics.enable_tensorboard false)"
             ) from None
+    mode = os.environ.get("WANDB_MODE")
+    if job.metrics.enable_wandb and mode is not None and mode not in WANDB_MODES:
+        raise EnvironmentProblem(
+            f"WANDB_MODE={mode}: wandb takes {', '.join(WANDB_MODES[:3])}; set one of them "
+            "(or unset WANDB_MODE)"
+        )
     if job.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
         raise EnvironmentProblem(
             "metrics.enable_wandb needs wandb: pip install 'titanlite[wandb]' (or set "

@@ -400,7 +400,10 @@ class Trainer:
             self.preempted, self.stop_message = preemption.signum, preemption.message
             if not self.preempted:
                 self.nonfinite.check_finished()  # exit 3 for a run that skipped its training
-                logger.info(f"training done: {state.step} steps, {state.tokens_seen:,} tokens")
+                logger.info(
+                    f"training done: {state.step} steps, {state.tokens_seen:,} tokens; outputs "
+                    f"in {self.dump_folder.resolve()}"
+                )
             callbacks.post_train()
         finally:
             callbacks.close()

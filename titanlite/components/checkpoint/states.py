@@ -20,7 +20,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
+from titanlite.config.schema import CHECKPOINT_KEYS
+
+KEYS = CHECKPOINT_KEYS
 
 
 class ModelState(Stateful):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch.distributed as dist
 
 from titanlite.components.clock import Clock
 from titanlite.config.schema import Metrics
+from titanlite.core.errors import COLOR_ENV
 from titanlite.core.logging import logger
 
 # Dense bf16 tensor-core peak FLOP/s per device, keyed by the exact torch.cuda.get_device_name()
@@ -100,6 +103,13 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
+def color_terminal() -> bool:
+    """The log ends on a terminal: colour codes in a file or a pipe are noise. A rank's stderr
+    is torchrun's file, so titanlite.launch tells the ranks what its own stderr is."""
+    told = os.environ.get(COLOR_ENV)
+    return told == "1" if told is not None else sys.stderr.isatty()
+
+
 def eta_text(seconds: float) -> str:
     """H:MM:SS, hours unbounded (gmtime would wrap at a day, and overflow on a huge one)."""
     if not math.isfinite(seconds):
@@ -150,7 +160,13 @@ class MetricsLogger:
         if write_files:
             dump_folder.mkdir(parents=True, exist_ok=True)
             path = dump_folder / "metrics.jsonl"
-            torn = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
+            earlier = path.exists() and path.stat().st_size > 0
+            torn = earlier and not _ends_with_newline(path)
+            if earlier and start_step == 0:  # a fresh start in a used folder, not a resume
+                logger.warning(
+                    f"{path} already holds an earlier run's steps: this run appends its own "
+                    "after them (a new --job.dump_folder keeps runs apart)"
+                )
             self.jsonl = path.open("a", buffering=1)
             if torn:  # a crash mid-write: the next record starts on a line of its own
                 self.jsonl.write("\n")
@@ -230,7 +246,8 @@ class MetricsLogger:
 
     def _write(self, r: dict[str, Any], eta: float) -> None:
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1f}%"
-        color = ("", "") if self.cfg.disable_color_printing else ("\033[32m", "\033[0m")
+        colored = not self.cfg.disable_color_printing and color_terminal()
+        color = ("\033[32m", "\033[0m") if colored else ("", "")
         logger.info(
             f"{color[0]}step {r['step']:>6}{color[1]}  loss {r['loss']:.4f}  "
             f"grad_norm {r['grad_norm']:.3f}  lr {r['lr']:.2e}  tps {r['tps']:,.0f}  "
