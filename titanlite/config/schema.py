@@ -362,8 +362,12 @@ class Comm:
         "checkpoint.timeout_seconds)",
         min=1,
     )
-    trace_buf_size: int = opt(20000, "NCCL flight recorder entries", min=0)
-    save_traces_folder: str = opt("comm_traces", "under job.dump_folder")
+    trace_buf_size: int = opt(
+        20000, "NCCL flight recorder entries per rank (CUDA only; 0 = off)", min=0
+    )
+    save_traces_folder: str = opt(
+        "comm_traces", "flight recorder dumps on a collective timeout, under job.dump_folder"
+    )
 
 
 @dataclass

@@ -8,6 +8,8 @@ import json
 import os
 import random
 import time
+from collections.abc import MutableMapping
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -84,6 +86,39 @@ def init(timeout_seconds: int) -> torch.device:
             backend_for(device), store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
     return device
+
+
+def flight_recorder_env(trace_buf_size: int, folder: Path) -> dict[str, str]:
+    """The variables torch 2.13's NCCL process group reads for its flight recorder (names from
+    its ProcessGroupNCCL.hpp, FlightRecorder.hpp and libtorch_cpu): the ring buffer's entries
+    (TORCH_NCCL_TRACE_BUFFER_SIZE, 0 = off; torch's own default is 2000), a dump when the
+    watchdog sees a collective time out, and the dump files' path, to which each rank appends
+    its rank (TORCH_FR_DUMP_TEMP_FILE, and TORCH_NCCL_DEBUG_INFO_TEMP_FILE, its older name)."""
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(trace_buf_size)}
+    if trace_buf_size > 0:
+        prefix = str(folder / "rank_")
+        env.update(
+            TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+            TORCH_FR_DUMP_TEMP_FILE=prefix,
+            TORCH_NCCL_DEBUG_INFO_TEMP_FILE=prefix,
+        )
+    return env
+
+
+def enable_flight_recorder(
+    device_type: str, trace_buf_size: int, folder: Path, environ: MutableMapping[str, str]
+) -> dict[str, str]:
+    """On CUDA (NCCL), before the process group exists, which reads them when it is made: put
+    flight_recorder_env's variables into `environ` (os.environ), each unless the user set it,
+    and make the dump folder. Returns what it set."""
+    if device_type != "cuda":
+        return {}
+    wanted = flight_recorder_env(trace_buf_size, folder)
+    if trace_buf_size > 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    environ.update(added)
+    return added
 
 
 def set_timeout(seconds: int, skip: tuple = ()) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,10 @@ class Trainer:
         # A group that a launcher made (Ray Train, or a test running many jobs in one group)
         # is the launcher's to destroy.
         self.owns_process_group = not dist.is_initialized()
+        traces = Path(job.job.dump_folder) / job.comm.save_traces_folder
+        distributed.enable_flight_recorder(
+            distributed.device_type(), job.comm.trace_buf_size, traces, os.environ
+        )
         self.device = distributed.init(job.comm.init_timeout_seconds)
         self.rank = dist.get_rank()
         distributed.check_distinct_devices(self.device)
