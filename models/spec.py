@@ -65,7 +65,7 @@ class ActivationTerms:
     op_block: float  # what selective op checkpointing keeps of one block
     outside: float  # after the last block: final norm, logits and loss (the last stage's)
     shared: float  # built once per forward, read by every block (every stage holds it)
-    loss_backward: float  # the transient gradient of the logits (the last stage's)
+    loss_backward: float  # the loss's transient gradients in backward (the last stage's)
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,9 @@ class Estimator:
     # (args, *, local_batch_size, seq_len, tp, cp, loss_parallel, compute_bytes, device_type)
     # -> terms
     activations: Callable[..., ActivationTerms]
-    # Parameters of the FSDP root module (embeddings, final norm, head): kept unsharded
-    # between forward and backward.
-    fsdp_root_params: Callable[[Any], int]
+    # Parameters of the larger FSDP unit outside the blocks (for Llama the final norm + head;
+    # the embedding is the other): unsharded at the start of backward.
+    fsdp_outer_unit_params: Callable[[Any], int]
     # The vocabulary a dry run assumes when the tokenizer is not on this machine.
     default_vocab_size: int
 

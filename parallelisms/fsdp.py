@@ -17,20 +17,30 @@ def apply_fsdp(
     reduce_dtype: torch.dtype,
     reshard_after_forward: str = "default",
     cpu_offload: bool = False,
+    first: list[nn.Module] | None = None,
+    last: list[nn.Module] | None = None,
 ) -> None:
-    """Shard each block, then the root (which picks up the embeddings, final norm and head).
+    """Shard `first` (the embedding) as one unit, each block, `last` (final norm and head) as
+    one unit, then the root. Separate units let the embedding's all-gather and the head's
+    reduce-scatter overlap with the blocks' compute instead of opening and closing every step
+    with nothing to hide behind (and keep only one of them unsharded at a time).
 
-    reshard_after_forward: "always" frees every gathered block after its forward (least memory,
+    reshard_after_forward: "always" frees every gathered unit after its forward (least memory,
     one more all-gather in backward); "never" keeps them (no re-gather); "default" frees all but
-    the last block, whose parameters backward needs first anyway, and keeps the root.
+    the last block and `last`, whose parameters backward needs first anyway.
     """
     common: dict = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype, reduce_dtype)}
     if cpu_offload:
         common["offload_policy"] = CPUOffloadPolicy()
+    always, never = reshard_after_forward == "always", reshard_after_forward == "never"
+    if first:
+        fully_shard(first, reshard_after_forward=not never, **common)
     for i, block in enumerate(blocks):
         if reshard_after_forward == "default":
             reshard = i < len(blocks) - 1
         else:
-            reshard = reshard_after_forward == "always"
+            reshard = always
         fully_shard(block, reshard_after_forward=reshard, **common)
-    fully_shard(model, reshard_after_forward=reshard_after_forward == "always", **common)
+    if last:
+        fully_shard(last, reshard_after_forward=always, **common)
+    fully_shard(model, reshard_after_forward=always, **common)

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     written = rows_in_test()
     same = len(written) == len(computed) and all(
-        (t, k) == (t2, k2) and all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(lrs, lrs2))
+        (t, k) == (t2, k2)
+        and all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(lrs, lrs2))
         and len(lrs) == len(lrs2)
         for (t, k, lrs), (t2, k2, lrs2) in zip(written, computed)
     )

@@ -16,8 +16,13 @@ size F, heads n and tensor-parallel degree t (sequence parallel: norms work on 1
     SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
 
 Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves float32 logits
-over the vocabulary V (V/t with loss parallel), and the first backward step adds a float32
-gradient of the same size (transient, counted in the peak).
+over the vocabulary V (V/t with loss parallel), and backward's first step holds two float32
+gradients of the same size beside it (nll_loss's, dense, and log-softmax's input's), 8 bytes per
+token x V transient, counted in the peak. The compute-dtype logits are not alive by then (the
+trainer's step frees them before backward). Measured: 12.00 bytes per token x V in all, in bf16
+and in fp32, through the trainer's step (`python scripts/loss_memory.py`). Not counted: under
+pipeline parallel torch's last stage keeps its output, the logits, until that micro-batch's
+backward (`fwd_cache` in torch/distributed/pipelining/stage.py): e more bytes per token x V.
 
 Document masking (block_causal) through SDPA adds the boolean mask, batch x seq x seq bytes,
 built once per micro-batch and shared by every block; and, per block, the additive copy in the
@@ -181,13 +186,14 @@ def activations(
         op_block=op_block,
         outside=tokens * ((4 * d + 4) / t + e * d + 4 * logits_width),
         shared=shared_activations(args, kernel=kernel, **shape),
-        loss_backward=tokens * 4 * logits_width,
+        loss_backward=tokens * 8 * logits_width,
     )
 
 
-def fsdp_root_params(args: LlamaArgs) -> int:
-    """The embedding, the output head and the final norm."""
-    return 2 * args.vocab_size * args.dim + args.dim
+def fsdp_outer_unit_params(args: LlamaArgs) -> int:
+    """The final norm and the output head (one FSDP unit; the embedding, the other, is smaller
+    by the norm)."""
+    return args.vocab_size * args.dim + args.dim
 
 
-ESTIMATOR = Estimator(activations, fsdp_root_params, LLAMA3_VOCAB)
+ESTIMATOR = Estimator(activations, fsdp_outer_unit_params, LLAMA3_VOCAB)

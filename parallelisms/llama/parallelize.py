@@ -84,7 +84,15 @@ def parallelize_llama(
                 else opts.reshard_after_forward
             ),
             cpu_offload=opts.cpu_offload,
+            # Absent on the pipeline stages that do not hold them.
+            first=_present(model, "tok_embeddings"),
+            last=_present(model, "norm", "output"),
         )
     elif dims.ddp_enabled:
         apply_ddp(model, meshes.get("ddp"))
     return float8_plan
+
+
+def _present(model: nn.Module, *names: str) -> list[nn.Module]:
+    """The named submodules this model (or pipeline stage) holds."""
+    return [m for m in (getattr(model, n, None) for n in names) if isinstance(m, nn.Module)]

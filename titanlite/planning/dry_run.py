@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -64,15 +64,16 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
 
 
 def fsdp_transient_bytes(
-    root: int, n_layers: int, tp: int, n_params: int, param_bytes: int, reduce_bytes: int
+    outer: int, block: int, tp: int, param_bytes: int, reduce_bytes: int
 ) -> int:
-    """What FSDP2 holds unsharded at its peak (end of backward): the root's `root` parameters
-    (for Llama embeddings, final norm, head: not resharded after forward), two blocks'
-    parameters (the one computing and the one prefetched), and the largest unsharded gradient
+    """What FSDP2 holds unsharded at its peak (the start of backward): the largest unit outside
+    the blocks, `outer` parameters (for Llama the final norm + head, kept after forward; the
+    embedding, its own unit, is gathered again only at the end of backward), two blocks'
+    parameters (the last one, kept, and the one prefetched), and the largest unsharded gradient
     awaiting its reduce-scatter, in the compute dtype and its copy in the reduce dtype."""
-    block = n_layers and (n_params - root) // n_layers
     return int(
-        (root + 2 * block) * param_bytes / tp + max(root, block) * (param_bytes + reduce_bytes) / tp
+        (outer + 2 * block) * param_bytes / tp
+        + max(outer, block) * (param_bytes + reduce_bytes) / tp
     )
 
 
@@ -332,11 +333,12 @@ def _fsdp_unsharded(job: JobConfig, pre: Preflight, built: BuiltModel) -> int | 
             sum(numels) * compute_bytes / dims.tp
             + max(numels) * (compute_bytes + opts.reduce_dtype.itemsize) / dims.tp
         )
+    blocks = list(cast(torch.nn.ModuleDict, built.model.layers).values())
+    block = sum(p.numel() for p in blocks[0].parameters()) if blocks else 0  # DTensor: full size
     return fsdp_transient_bytes(
-        built.family.estimator.fsdp_root_params(args),
-        args.n_layers,
+        built.family.estimator.fsdp_outer_unit_params(args),
+        block,
         dims.tp,
-        built.family.model.num_params(args),
         compute_bytes,
         opts.reduce_dtype.itemsize,
     )

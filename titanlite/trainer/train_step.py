@@ -95,8 +95,10 @@ class TrainStep:
             cast(FSDPModule, self.model).set_requires_gradient_sync(last)
         with loss_context(self.loss_parallel):
             with self.amp:
-                logits = self.model(inputs, **model_kwargs(tokens))
-                loss = self.loss_fn(logits, labels) * scale
+                # No name holds the logits: autograd keeps only the loss's float32 log-softmax,
+                # so the compute-dtype logits are freed before backward (2 bytes per token x
+                # vocabulary entry in bf16; scripts/loss_memory.py measures the region).
+                loss = self.loss_fn(self.model(inputs, **model_kwargs(tokens)), labels) * scale
             loss.backward()
         return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
 
