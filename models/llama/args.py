@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from models.attention import ATTN_MASK_TYPES, ATTN_TYPES
+from models.decoder import check_attention_args
 
 
 @dataclass(frozen=True)
@@ -88,25 +88,7 @@ class LlamaArgs:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim = dim / n_heads = {self.head_dim} must be even for RoPE")
-        if self.attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type = {self.attn_type!r}: expected one of {ATTN_TYPES}")
-        if self.attn_mask_type not in ATTN_MASK_TYPES:
-            raise ValueError(
-                f"attn_mask_type = {self.attn_mask_type!r}: expected one of {ATTN_MASK_TYPES}"
-            )
-        if self.rope_positions not in ROPE_POSITIONS:
-            raise ValueError(
-                f"rope_positions = {self.rope_positions!r}: expected one of {ROPE_POSITIONS}"
-            )
-        if self.rope_positions == "document" and self.attn_mask_type != "block_causal":
-            raise ValueError(
-                "rope_positions = 'document' needs attn_mask_type = 'block_causal' (with "
-                f"{self.attn_mask_type!r} a token attends across documents whose positions "
-                "restart); use rope_positions = 'window'"
-            )
-
-
-ROPE_POSITIONS = ("window", "document")
+        check_attention_args(self)
 
 
 FLAVORS: dict[str, LlamaArgs] = {

@@ -1,0 +1,113 @@
+"""Qwen3 (dense) hyper-parameters and the published flavors (Qwen/Qwen3-0.6B ... Qwen3-32B on
+the Hugging Face hub; the same names as TorchTitan's qwen3 flavors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from models.decoder import check_attention_args
+
+# Qwen3's tokenizer: the published embeddings' rows (a little more than its 151,669 tokens).
+QWEN3_VOCAB = 151_936
+
+
+@dataclass(frozen=True)
+class Qwen3Args:
+    dim: int = 4096
+    n_layers: int = 36
+    n_heads: int = 32
+    n_kv_heads: int | None = 8  # None = n_heads (no grouped-query attention)
+    # Decoupled from dim: Qwen3's q projection is dim -> n_heads x head_dim (0.6B: 1024 -> 2048).
+    head_dim: int = 128
+    ffn_hidden_dim: int = 12288  # SwiGLU hidden size (HF intermediate_size), given outright
+    vocab_size: int = -1  # taken from the tokenizer
+    norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_seq_len: int = 40960  # the published max_position_embeddings
+    # The output head is the embedding (one parameter), as the small published flavors.
+    tie_word_embeddings: bool = False
+    # Scale the init of output projections by depth (GPT-2 / TorchTitan's depth_init).
+    depth_init: bool = True
+    # Attention kernel, mask and RoPE positions: as LlamaArgs (models/decoder.py).
+    attn_type: str = "sdpa"
+    attn_mask_type: str = "causal"
+    rope_positions: str = "window"
+    bos_id: int = -1
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able data (what a checkpoint's manifest records)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Qwen3Args:
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown model argument(s) {', '.join(unknown)}")
+        return cls(**d)
+
+    def with_overrides(self, **overrides: Any) -> Qwen3Args:
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def check(self) -> None:
+        """Shape constraints that the model itself needs; ValueError names the broken one."""
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size = {self.vocab_size}: must be set (from the tokenizer)")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_heads = {self.n_heads} is not divisible by n_kv_heads = {self.kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim = {self.head_dim} must be even for RoPE")
+        check_attention_args(self)
+
+
+def _flavor(dim: int, n_layers: int, n_heads: int, ffn: int, tied: bool) -> Qwen3Args:
+    return Qwen3Args(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=8,
+        ffn_hidden_dim=ffn,
+        tie_word_embeddings=tied,
+    )
+
+
+FLAVORS: dict[str, Qwen3Args] = {
+    # Tiny, for CPU runs and tests: 8 heads of 64 = 512 wider than dim 256, as in Qwen3's own
+    # shapes, and grouped-query attention, so both decouplings are exercised.
+    "debugmodel": Qwen3Args(
+        dim=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=64, ffn_hidden_dim=768
+    ),
+    "0.6B": _flavor(1024, 28, 16, 3072, tied=True),
+    "1.7B": _flavor(2048, 28, 16, 6144, tied=True),
+    "4B": _flavor(2560, 36, 32, 9728, tied=True),
+    "8B": _flavor(4096, 36, 32, 12288, tied=False),
+    "14B": _flavor(5120, 40, 40, 17408, tied=False),
+    "32B": _flavor(5120, 64, 64, 25600, tied=False),
+}
+
+
+def num_params(args: Qwen3Args, include_embedding: bool = True) -> int:
+    """Exact parameter count (a tied head counted once), without building the model."""
+    d, hd = args.dim, args.head_dim
+    attention = d * args.n_heads * hd * 2 + d * args.kv_heads * hd * 2 + 2 * hd  # + q/k norms
+    per_block = attention + 3 * d * args.ffn_hidden_dim + 2 * d
+    head = 0 if args.tie_word_embeddings else args.vocab_size * d
+    total = args.n_layers * per_block + d + head
+    return total + (args.vocab_size * d if include_embedding else 0)
+
+
+def training_flops_per_token(args: Qwen3Args, seq_len: int) -> int:
+    """Forward + backward FLOPs per token: 6 x the parameters that multiply activations (every
+    block's, and the output head's even when it is the embedding) plus the attention scores and
+    values (12 x layers x heads x head_dim x seq_len, TorchTitan's and PaLM's count)."""
+    matmuls = num_params(args, include_embedding=False)
+    if args.tie_word_embeddings:
+        matmuls += args.vocab_size * args.dim
+    attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    return 6 * matmuls + attention
