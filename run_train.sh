@@ -9,6 +9,8 @@
 #             restarted group resumes from the latest checkpoint
 #   STOP_GRACE_SECONDS  how long, after SIGTERM/SIGUSR1 reaches torchrun, the ranks get to finish
 #             the step and save a checkpoint before torchrun kills them (default 300)
+#   PYTORCH_ALLOC_CONF  the CUDA allocator's settings (default expandable_segments:True; left
+#             alone when it or the legacy PYTORCH_CUDA_ALLOC_CONF is set)
 # --dry-run [--dry-run.world_size N] [--dry-run.device_memory_gib 80]: plan without training
 #   (world size default: NGPU x NNODES); see docs/dry_run.md
 set -euo pipefail
@@ -49,6 +51,14 @@ if [[ -z "${NGPU:-}" ]]; then
     [[ "${NGPU:-0}" -ge 1 ]] || NGPU=1
 fi
 LOG_RANK="${LOG_RANK:-0}"
+
+# Expandable segments let the CUDA caching allocator grow a segment in place instead of keeping
+# many fixed-size ones half used: the fragmentation that the dry run's headroom no longer
+# reserves for. torch 2.13 reads PYTORCH_ALLOC_CONF, and the legacy PYTORCH_CUDA_ALLOC_CONF
+# first when that is set; a user's own value under either name is kept.
+if [[ -z "${PYTORCH_ALLOC_CONF+x}" && -z "${PYTORCH_CUDA_ALLOC_CONF+x}" ]]; then
+    export PYTORCH_ALLOC_CONF=expandable_segments:True
+fi
 
 # Validate the config and layout in one quick process first, so that a mistake is one line and
 # exit code 2 instead of a torchrun traceback from every rank.
