@@ -1,12 +1,7 @@
 """Hugging Face `LlamaForCausalLM` <-> titanlite Llama: parameter names, the RoPE q/k
-permutation and the config, gathered in `HF`, the family's state-dict adapter (the family
-record's `hf`). Pure functions of names, tensors, dicts and LlamaArgs; the files (DCP,
-safetensors) are titanlite.components.checkpoint.hf's business.
-
-RoPE: titanlite rotates adjacent pairs (x[2k], x[2k+1]) of each head as complex numbers (Meta's
-original layout); Hugging Face rotates the halves (x[k], x[k + head_dim/2]) (`rotate_half`).
-So the rows of the q and k projections are permuted within each head: HF row j*head_dim/2 + k
-is titanlite row 2k + j. q and k are permuted alike, so q.k is unchanged and v, o need nothing.
+permutation (`models.hf_common`) and the config, gathered in `HF`, the family's state-dict
+adapter (the family record's `hf`). Pure functions of names, tensors, dicts and LlamaArgs; the
+files (DCP, safetensors) are titanlite.components.checkpoint.hf's business.
 """
 
 from __future__ import annotations
@@ -16,6 +11,14 @@ from typing import Any
 
 import torch
 
+from models.hf_common import (
+    field,
+    permute_from_hf,
+    permute_to_hf,
+    rename,
+    require,
+    require_architecture,
+)
 from models.llama.args import FLAVORS, LlamaArgs
 from models.spec import HFAdapter, HFConfigError
 
@@ -34,7 +37,6 @@ _NAMES = {
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER = re.compile(r"(?<=layers\.)(\d+)(?=\.)")
 _TO_HF = _NAMES
 _FROM_HF = {v: k for k, v in _NAMES.items()}
 # The context of the Llama 3.1 flavors (the LlamaArgs default), which their RoPE scaling serves.
@@ -43,34 +45,14 @@ LLAMA31_CONTEXT = LlamaArgs().max_seq_len
 HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 
 
-def _rename(key: str, table: dict[str, str]) -> str:
-    template = _LAYER.sub("{i}", key, count=1)
-    if template not in table:
-        raise KeyError(key)
-    m = _LAYER.search(key)
-    return table[template].format(i=m.group(1) if m else "")
-
-
 def to_hf_name(key: str) -> str:
     """titanlite state-dict key -> HF key (KeyError for a key that is not a Llama parameter)."""
-    return _rename(key, _TO_HF)
+    return rename(key, _TO_HF)
 
 
 def from_hf_name(name: str) -> str:
     """HF key -> titanlite state-dict key (KeyError for a key that is not a Llama parameter)."""
-    return _rename(name, _FROM_HF)
-
-
-def permute_to_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Rows of a q/k projection from interleaved pairs (titanlite) to halves (HF), per head."""
-    rows, cols = w.shape
-    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
-
-
-def permute_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of permute_to_hf."""
-    rows, cols = w.shape
-    return w.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    return rename(name, _FROM_HF)
 
 
 def _heads(key: str, args: LlamaArgs) -> int | None:
@@ -191,22 +173,6 @@ def hf_config(
     return cfg
 
 
-def _field(cfg: dict[str, Any], name: str, default: Any = KeyError) -> Any:
-    if name in cfg and cfg[name] is not None:
-        return cfg[name]
-    if default is KeyError:
-        raise HFConfigError(f"config.json has no {name}")
-    return default
-
-
-def _require(cfg: dict[str, Any], name: str, ok: Any, expected: str, default: Any = None) -> None:
-    value = cfg.get(name, default)
-    if value is None:
-        value = default
-    if value not in ok:
-        raise HFConfigError(f"config.json: {name} = {value!r}: titanlite's Llama needs {expected}")
-
-
 def _rope(cfg: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:
     """(rope_theta, Llama 3.1 scaling or None) from transformers 5's rope_parameters or 4's
     rope_theta + rope_scaling."""
@@ -258,40 +224,36 @@ def _ffn_args(dim: int, hidden: int) -> tuple[int, float | None]:
 def args_from_hf_config(cfg: dict[str, Any]) -> LlamaArgs:
     """LlamaArgs for an HF config.json; HFConfigError names the first field titanlite's Llama
     cannot represent."""
-    _require(cfg, "model_type", {"llama"}, "'llama'")
-    archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-    if "LlamaForCausalLM" not in archs:
-        raise HFConfigError(
-            f"config.json: architectures = {archs}: titanlite's Llama needs LlamaForCausalLM"
-        )
-    _require(cfg, "hidden_act", {"silu"}, "'silu'", "silu")
-    _require(cfg, "attention_bias", {False}, "false", False)
-    _require(cfg, "mlp_bias", {False}, "false", False)
-    dim, n_heads = int(_field(cfg, "hidden_size")), int(_field(cfg, "num_attention_heads"))
+    require(cfg, "model_type", {"llama"}, "'llama'", "Llama")
+    require_architecture(cfg, "LlamaForCausalLM", "Llama")
+    require(cfg, "hidden_act", {"silu"}, "'silu'", "Llama", "silu")
+    require(cfg, "attention_bias", {False}, "false", "Llama", False)
+    require(cfg, "mlp_bias", {False}, "false", "Llama", False)
+    dim, n_heads = int(field(cfg, "hidden_size")), int(field(cfg, "num_attention_heads"))
     if dim % n_heads:
         raise HFConfigError(
             f"config.json: hidden_size = {dim} is not divisible by num_attention_heads = {n_heads}"
         )
-    head_dim = _field(cfg, "head_dim", dim // n_heads)
+    head_dim = field(cfg, "head_dim", dim // n_heads)
     if head_dim != dim // n_heads:
         raise HFConfigError(
             f"config.json: head_dim = {head_dim}: titanlite's Llama needs "
             f"hidden_size / num_attention_heads = {dim // n_heads}"
         )
     theta, scaling = _rope(cfg)
-    multiple_of, mult = _ffn_args(dim, int(_field(cfg, "intermediate_size")))
+    multiple_of, mult = _ffn_args(dim, int(field(cfg, "intermediate_size")))
     args = LlamaArgs(
         dim=dim,
-        n_layers=int(_field(cfg, "num_hidden_layers")),
+        n_layers=int(field(cfg, "num_hidden_layers")),
         n_heads=n_heads,
-        n_kv_heads=int(_field(cfg, "num_key_value_heads", n_heads)),
-        vocab_size=int(_field(cfg, "vocab_size")),
+        n_kv_heads=int(field(cfg, "num_key_value_heads", n_heads)),
+        vocab_size=int(field(cfg, "vocab_size")),
         multiple_of=multiple_of,
         ffn_dim_multiplier=mult,
-        norm_eps=float(_field(cfg, "rms_norm_eps", 1e-6)),
+        norm_eps=float(field(cfg, "rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_seq_len=int(_field(cfg, "max_position_embeddings", 2048)),
+        max_seq_len=int(field(cfg, "max_position_embeddings", 2048)),
     )
     try:
         args.check()

@@ -1,10 +1,6 @@
-"""Compose the parallelisms for a Llama model, in the order they must be applied:
-float8 conversion -> tensor parallel -> context parallel -> activation checkpointing -> compile
--> FSDP / DDP.
-
-Context parallel swaps each block's attention kernel before AC and compile wrap the block, so
-that its key/value all-gather is recomputed and compiled with it. Float8 goes first because torchao's float8 TP styles accept only Float8Linear modules, and FSDP
-must shard the float8 weight wrapper when float8 all-gather is on.
+"""Compose the parallelisms for a Llama model: the shared decoder composition
+(parallelisms/decoder.py: float8 -> TP -> CP -> AC -> compile -> FSDP / DDP) with the Llama TP
+plan (parallelisms/llama/tensor_parallel.py).
 
 Knows the model only through its public structure: `layers` (a ModuleDict of blocks),
 `tok_embeddings`, `norm`, `output`.
@@ -12,87 +8,17 @@ Knows the model only through its public structure: `layers` (a ModuleDict of blo
 
 from __future__ import annotations
 
-from typing import cast
-
 from torch import nn
 
-from parallelisms.activation_checkpoint import apply_ac
-from parallelisms.compile import apply_compile
-from parallelisms.context_parallel import apply_cp
-from parallelisms.ddp import apply_ddp
-from parallelisms.float8 import ConversionPlan, convert_to_float8, uses_float8_tp
-from parallelisms.fsdp import apply_fsdp
+from parallelisms.decoder import parallelize_decoder
+from parallelisms.float8 import ConversionPlan
 from parallelisms.llama.tensor_parallel import apply_tp
 from parallelisms.options import ParallelizeOptions
 from parallelisms.parallel_dims import Meshes, ParallelDims
-from parallelisms.tensor_parallel import enable_async_tp
 
 
 def parallelize_llama(
     model: nn.Module, dims: ParallelDims, meshes: Meshes, opts: ParallelizeOptions
 ) -> ConversionPlan | None:
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
-    float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
-    layers = cast(nn.ModuleDict, model.layers)
-
-    if dims.tp_enabled:
-        float8_tp = uses_float8_tp(opts.float8)
-        apply_tp(
-            model,
-            list(layers.values()),
-            meshes.get("tp"),
-            loss_parallel_enabled=opts.loss_parallel,
-            float8_all_gather=float8_tp,
-        )
-        if float8_plan is not None:
-            float8_plan.collectives.append(
-                "TP all-gathers activations in float8"
-                if float8_tp
-                else "TP all-gathers stay high precision (rowwise recipe, or a backend without float8)"
-            )
-        if opts.async_tp:
-            enable_async_tp(meshes.get("tp"))
-
-    if opts.sequence_shards is not None:
-        apply_cp(model, list(layers.values()), opts.sequence_shards)
-
-    if opts.ac_mode == "memory_budget" and not opts.compile:
-        raise ValueError("activation checkpointing by memory budget needs compile")
-    if opts.ac_mode != "none":
-        blocks = apply_ac(dict(layers.items()), opts.ac_mode, opts.ac_option, opts.ac_memory_budget)
-        for name, block in blocks.items():
-            layers.register_module(name, block)
-
-    if opts.compile:
-        apply_compile(
-            list(layers.values()), graphs_hold_collectives=dims.tp_enabled or dims.cp_enabled
-        )
-
-    if dims.fsdp_enabled:
-        apply_fsdp(
-            model,
-            list(layers.values()),
-            meshes.get("fsdp"),
-            param_dtype=opts.param_dtype,
-            reduce_dtype=opts.reduce_dtype,
-            # Under pipeline parallel a stage runs forward once per micro-batch: freeing the
-            # gathered parameters after each would all-gather them again every time (TorchTitan
-            # keeps them too).
-            reshard_after_forward=(
-                "never"
-                if dims.pp_enabled and opts.reshard_after_forward == "default"
-                else opts.reshard_after_forward
-            ),
-            cpu_offload=opts.cpu_offload,
-            # Absent on the pipeline stages that do not hold them.
-            first=_present(model, "tok_embeddings"),
-            last=_present(model, "norm", "output"),
-        )
-    elif dims.ddp_enabled:
-        apply_ddp(model, meshes.get("ddp"))
-    return float8_plan
-
-
-def _present(model: nn.Module, *names: str) -> list[nn.Module]:
-    """The named submodules this model (or pipeline stage) holds."""
-    return [m for m in (getattr(model, n, None) for n in names) if isinstance(m, nn.Module)]
+    return parallelize_decoder(model, dims, meshes, opts, apply_tp=apply_tp)

@@ -70,7 +70,7 @@ class Metrics:
 
 @dataclass
 class Model:
-    name: str = opt("llama3", "model family", choices=["llama3"])
+    name: str = opt("llama3", "model family", choices=["llama3", "qwen3"])
     flavor: str = opt("debugmodel", "named size within the family")
     tokenizer_path: str = opt("", "tokenizer.json (Hugging Face tokenizers); '' = built-in")
     converters: list[str] = opt(

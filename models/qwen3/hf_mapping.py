@@ -1,0 +1,210 @@
+"""Hugging Face `Qwen3ForCausalLM` <-> titanlite Qwen3: parameter names, the RoPE permutation of
+the q/k projections and of the q/k norms (`models.hf_common`), and config.json, gathered in
+`HF`, the family's state-dict adapter. Pure functions of names, tensors, dicts and Qwen3Args.
+
+A tied model (tie_word_embeddings) has no `output.weight` in its state dict and Hugging Face's
+files have no `lm_head.weight`: the one table is `embed_tokens`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from models.hf_common import (
+    field,
+    permute_from_hf,
+    permute_to_hf,
+    rename,
+    require,
+    require_architecture,
+)
+from models.qwen3.args import Qwen3Args
+from models.spec import HFAdapter, HFConfigError
+
+_LABEL = "Qwen3"
+_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "layers.{i}.attention_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "layers.{i}.attention.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "layers.{i}.attention.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "layers.{i}.attention.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "layers.{i}.attention.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "layers.{i}.attention.q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+    "layers.{i}.attention.k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+    "layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "layers.{i}.feed_forward.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "layers.{i}.feed_forward.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_FROM_HF = {v: k for k, v in _NAMES.items()}
+HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+def to_hf_name(key: str) -> str:
+    return rename(key, _NAMES)
+
+
+def from_hf_name(name: str) -> str:
+    return rename(name, _FROM_HF)
+
+
+def _permuted(key: str) -> bool:
+    """The tensors whose rows are each head's entries in RoPE's order."""
+    return key.endswith(
+        ("attention.wq.weight", "attention.wk.weight", "q_norm.weight", "k_norm.weight")
+    )
+
+
+def to_hf_tensor(key: str, t: torch.Tensor, args: Qwen3Args) -> torch.Tensor:
+    return permute_to_hf(t, t.shape[0] // args.head_dim) if _permuted(key) else t
+
+
+def from_hf_tensor(key: str, t: torch.Tensor, args: Qwen3Args) -> torch.Tensor:
+    """Of the whole tensor, or of rows that are whole heads (`row_group`)."""
+    return permute_from_hf(t, t.shape[0] // args.head_dim) if _permuted(key) else t
+
+
+def row_group(key: str, args: Qwen3Args) -> int:
+    return args.head_dim if _permuted(key) else 1
+
+
+def source_name(key: str, tied_embeddings: bool) -> str:
+    # A tied titanlite model has no output.weight; an untied one from a tied folder (its args
+    # say untied only if configured so) starts its head as a copy of the embedding.
+    if tied_embeddings and key == "output.weight":
+        return _NAMES["tok_embeddings.weight"]
+    return to_hf_name(key)
+
+
+def describe(args: Qwen3Args) -> str:
+    tied = ", tied embeddings" if args.tie_word_embeddings else ""
+    return (
+        f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads of {args.head_dim}, "
+        f"{args.kv_heads} kv heads, FFN {args.ffn_hidden_dim}, vocab {args.vocab_size}{tied}"
+    )
+
+
+def state_dict_shapes(args: Qwen3Args) -> dict[str, tuple[int, ...]]:
+    from models.qwen3.model import Qwen3
+
+    with torch.device("meta"):
+        model = Qwen3(args)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def hf_config(
+    args: Qwen3Args,
+    *,
+    dtype: torch.dtype,
+    max_position_embeddings: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> dict[str, Any]:
+    """config.json of `Qwen3ForCausalLM` for `args`, RoPE written both ways (`rope_theta`,
+    transformers 4 and the published files; `rope_parameters`, transformers 5)."""
+    theta = float(args.rope_theta)
+    cfg: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings or args.max_seq_len,
+        "rms_norm_eps": float(args.norm_eps),
+        "rope_theta": theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "vocab_size": args.vocab_size,
+        "tie_word_embeddings": args.tie_word_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": args.n_layers,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if bos_token_id is not None:
+        cfg["bos_token_id"] = bos_token_id
+    if eos_token_id is not None:
+        cfg["eos_token_id"] = eos_token_id
+    return cfg
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float:
+    """Plain RoPE only (the published dense models'); YaRN and other scalings are refused."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind != "default":
+        where = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+        raise HFConfigError(
+            f"config.json: {where}.rope_type = {kind!r}: titanlite's Qwen3 supports the "
+            "default RoPE only"
+        )
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def args_from_hf_config(cfg: dict[str, Any]) -> Qwen3Args:
+    """Qwen3Args for an HF config.json; HFConfigError names the first field titanlite's Qwen3
+    cannot represent."""
+    require(cfg, "model_type", {"qwen3"}, "'qwen3'", _LABEL)
+    require_architecture(cfg, "Qwen3ForCausalLM", _LABEL)
+    require(cfg, "hidden_act", {"silu"}, "'silu'", _LABEL, "silu")
+    require(cfg, "attention_bias", {False}, "false", _LABEL, False)
+    require(cfg, "use_sliding_window", {False}, "false", _LABEL, False)
+    n_heads = int(field(cfg, "num_attention_heads"))
+    args = Qwen3Args(
+        dim=int(field(cfg, "hidden_size")),
+        n_layers=int(field(cfg, "num_hidden_layers")),
+        n_heads=n_heads,
+        n_kv_heads=int(field(cfg, "num_key_value_heads", n_heads)),
+        head_dim=int(field(cfg, "head_dim", 128)),  # transformers' Qwen3Config default
+        ffn_hidden_dim=int(field(cfg, "intermediate_size")),
+        vocab_size=int(field(cfg, "vocab_size")),
+        norm_eps=float(field(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(cfg),
+        max_seq_len=int(field(cfg, "max_position_embeddings", 32768)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+    try:
+        args.check()
+    except ValueError as e:
+        raise HFConfigError(f"config.json: {e}") from None
+    return args
+
+
+HF = HFAdapter(
+    label=_LABEL,
+    model_types=("qwen3",),
+    embedding_key="tok_embeddings.weight",
+    shape_fields=(
+        "dim",
+        "n_layers",
+        "n_heads",
+        "kv_heads",
+        "head_dim",
+        "vocab_size",
+        "ffn_hidden_dim",
+        "tie_word_embeddings",
+    ),
+    ignored=HF_IGNORED,
+    describe=describe,
+    state_dict_shapes=state_dict_shapes,
+    to_hf_name=to_hf_name,
+    source_name=source_name,
+    to_hf_tensor=to_hf_tensor,
+    from_hf_tensor=from_hf_tensor,
+    row_group=row_group,
+    hf_config=hf_config,
+    args_from_hf_config=args_from_hf_config,
+)
