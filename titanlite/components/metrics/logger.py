@@ -71,13 +71,19 @@ def peak_flops(device: torch.device, override: float | None) -> float | None:
     return peak
 
 
-def memory_gib(device: torch.device) -> float:
-    """Peak memory since the last call: CUDA allocator peak, or the process's peak RSS on CPU."""
+def memory_peaks(device: torch.device) -> dict[str, float]:
+    """Peak memory since the last call. On CUDA, `memory_gib` is what tensors held at the peak
+    and `memory_reserved_gib` what the caching allocator held from the device (tensors, cached
+    free blocks and fragmentation: what an out-of-memory error is about). On CPU, `memory_gib`
+    is the process's peak RSS, which already is what it took from the system: no second key."""
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+        peaks = {
+            "memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
         torch.cuda.reset_peak_memory_stats(device)
-        return peak / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+        return peaks
+    return {"memory_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30}
 
 
 # metrics.jsonl key -> TensorBoard tag.
@@ -87,6 +93,7 @@ TB_TAGS = {
     "tflops": "throughput/tflops",
     "mfu": "throughput/mfu_pct",
     "memory_gib": "memory/peak_gib",
+    "memory_reserved_gib": "memory/peak_reserved_gib",
     "step_time_s": "time/step_s",
     "data_loading_pct": "time/data_loading_pct",
     "checkpoint_blocked_s": "time/checkpoint_blocked_s",
@@ -221,7 +228,7 @@ class MetricsLogger:
             "tps": tps,
             "tflops": tflops,
             "mfu": None if self.peak is None else 100 * tflops * 1e12 / self.peak,
-            "memory_gib": memory_gib(self.device),
+            **memory_peaks(self.device),
             "data_loading_pct": 100 * window["data"] / elapsed,
             "step_time_s": elapsed / max(1, self.window_steps),
             # The part of saves that training waited for (async saves return after staging).
@@ -252,6 +259,11 @@ class MetricsLogger:
             f"{color[0]}step {r['step']:>6}{color[1]}  loss {r['loss']:.4f}  "
             f"grad_norm {r['grad_norm']:.3f}  lr {r['lr']:.2e}  tps {r['tps']:,.0f}  "
             f"tflops {r['tflops']:.2f}  mfu {mfu}  mem {r['memory_gib']:.2f}GiB  "
+            + (
+                f"(reserved {r['memory_reserved_gib']:.2f}GiB)  "
+                if "memory_reserved_gib" in r
+                else ""
+            )
             + (
                 f"(stages {'/'.join(f'{m:.2f}' for m in r['memory_gib_stages'])})  "
                 if "memory_gib_stages" in r
