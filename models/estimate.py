@@ -16,9 +16,11 @@ degree t (sequence parallel: norms work on 1/t of the tokens):
                                         matmuls (saved whole on every TP rank)
     attention   e*(q + 2kv)/t           q, k, v after RoPE (SDPA inputs)
                 2 x e*q/t + 4n/t        SDPA output, its contiguous copy for wo, log-sum-exp
-    q/k norms   4(q + kv)/t             with per-head query/key norms (Qwen3): each norm's fp32
-                + 4(n + n_kv)/t         input and 1/rstd per head (RoPE saves only its table);
-                                        measured exactly in tests/unit/models/qwen3
+    q/k norms   8(q + kv)/t             with per-head query/key norms (Qwen3): each norm's fp32
+                + 4(n + n_kv)/t         input, its normalized fp32 values (the weight's
+                                        gradient needs them) and 1/rstd per head (RoPE saves
+                                        only its table); measured exactly, fp32, in
+                                        tests/unit/models/qwen3/test_qwen3_model.py
     SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
 
 Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves float32 logits
@@ -123,7 +125,7 @@ def block_activations(
     kv_per_token = cp_key_rows(seq_len, cp, kernel) / (seq_len // cp) if cp > 1 else 1
     attention = e * (q + 2 * kv * kv_per_token) / t + 2 * e * q / t + 4 * n / t
     if qk_norm:
-        attention += (4 * (q + kv) + 4 * (n + args.kv_heads)) / t
+        attention += (8 * (q + kv) + 4 * (n + args.kv_heads)) / t
     # Only masked SDPA builds a dense mask ("varlen" and "flex" keep no S×S tensor).
     sdpa_mask = args.attn_mask_type == "block_causal" and kernel == "sdpa"
     per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)

@@ -126,6 +126,12 @@ def check_parallelism(
     )
     if dims.pp_enabled:
         check_pipeline_job(job, dims, args.n_layers)
+        if getattr(args, "tie_word_embeddings", False):
+            raise LayoutError(
+                f"model.flavor = {job.model.flavor!r} ties its output head to the embedding, "
+                "which pipeline parallel cannot put on the first and the last stage at once; "
+                "use pipeline_parallel_degree = 1 or an untied flavor"
+            )
     check_layout(
         dims,
         n_heads=args.n_heads,

@@ -104,3 +104,40 @@ def test_init_is_a_function_of_the_seed_and_names_only():
     assert a.tok_embeddings.weight.std().item() < 0.1
     tokens = torch.randint(0, 512, (2, 16))
     assert a(tokens).shape == (2, 16, 512)
+
+
+def _saved_in_block(model: Qwen3, tokens: torch.Tensor) -> int:
+    """Bytes autograd saves inside block 0 (each storage once; parameters and what the model
+    builds before the blocks excluded)."""
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip.add(model.freqs_cis.untyped_storage().data_ptr())
+    saved: dict[int, int] = {}
+    inside = [False]
+    block = model.layers["0"]
+    block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if inside[0] and t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(tokens)
+    return sum(saved.values())
+
+
+def test_the_estimators_qk_norm_term_is_what_torch_saves():
+    from models.estimate import block_activations
+
+    model = _tiny()
+    model.init_weights(seed=0)
+    batch, seq = 2, 32
+    tokens = torch.randint(0, 512, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with_norms = _saved_in_block(model, tokens)
+    attention = model.layers["0"].attention
+    attention.q_norm = attention.k_norm = None
+    without = _saved_in_block(model, tokens)
+    shape = dict(local_batch_size=batch, seq_len=seq, tp=1, cp=1, compute_bytes=4, kernel="sdpa")
+    formula = [block_activations(model.args, qk_norm=q, **shape)[0] for q in (True, False)]
+    assert with_norms - without == formula[0] - formula[1] > 0

@@ -1,0 +1,24 @@
+"""The Qwen3 presets through the launcher's surface: the dry run plans Qwen3-8B on 8 GPUs, and a
+tied flavor under pipeline parallel is one line, exit 2 (its head is its embedding, which no
+pipeline split can put on two stages)."""
+
+from helpers import dry_run, expect_one_line
+
+
+def test_the_dry_run_plans_qwen3_8b_on_8_gpus():
+    proc = dry_run("--config", "qwen3_8b.toml", "--dry-run.world_size", "8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "dry run: qwen3 8B, 8.19B parameters, world 8" in out and "-> FITS" in out, out
+
+
+def test_a_tied_flavor_under_pipeline_parallel_is_one_line():
+    proc = dry_run(
+        "--config",
+        "qwen3_0.6b.toml",
+        "--dry-run.world_size",
+        "2",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+    )
+    expect_one_line(proc, 2, "model.flavor = '0.6B' ties its output head to the embedding")
