@@ -30,6 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = "tests/distributed/test_layout_parity.py::test_layout_matches_single_process"
 BF16 = "tests/distributed/test_layout_parity.py::test_bf16_layout_matches_single_process"
+SYNCS = (
+    "tests/distributed/test_layout_parity.py::"
+    "test_a_step_that_does_not_log_never_waits_for_the_device_or_the_world[fsdp2_syncs]"
+)
 # A 0.1% error on the gradient of a module's first parameter. The hook goes on at the module's
 # first forward: parameters hooked while still on the meta device are replaced by to_empty.
 SCALE = (
@@ -211,6 +215,32 @@ MUTANTS = [
         "        parts.append(part)\n",
         f"        part.{SCALE}\n        parts.append(part)\n",
         _layout("pp2_1f1b"),
+    ),
+    # No host sync in a step that does not log (issue 27, item 6).
+    Mutant(
+        "loss_scale_read_on_host",
+        "the loss scale's token count read by the host, as before",
+        "titanlite/trainer/train_step.py",
+        "self.global_sum(torch.as_tensor(counted)).clamp_min(1)",
+        "max(int(self.global_sum(torch.as_tensor(counted))), 1)",
+        (SYNCS,),
+    ),
+    Mutant(
+        "nonfinite_norm_read_each_step",
+        "the non-finite guard reads the norm every step, as for non-fused optimizers",
+        "titanlite/components/nonfinite.py",
+        "        if not supports_found_inf(optimizer):\n",
+        "        if True:\n",
+        (SYNCS,),
+    ),
+    Mutant(
+        "stop_agreement_blocking",
+        "the stop agreement waits for its all-reduce in the step, as before",
+        "titanlite/components/preemption.py",
+        "        decided = self._collect()\n",
+        "        dist.all_reduce(torch.tensor([self.signum]), op=dist.ReduceOp.MAX)\n"
+        "        decided = self._collect()\n",
+        (SYNCS,),
     ),
 ]
 

@@ -367,6 +367,19 @@ def spawn(fn, world_size: int, *args) -> None:
     )
 
 
+def guarded_steps(guard, norms: list[float], fused: bool = True):
+    """Steps with these global gradient norms through `guard` and a real AdamW (one parameter,
+    gradient 1): yields (step, the parameter after it)."""
+    import torch  # here: most users of this module never need torch
+
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=fused, foreach=not fused)
+    for step, norm in enumerate(norms, 1):
+        weight.grad = torch.ones(2)
+        guard.step_optimizer(optimizer, step, torch.tensor(norm))
+        yield step, weight.detach().clone()
+
+
 def tiny_llama_args(**overrides):
     """A 2-block Llama of dim 64 over 256 token ids and 64 positions: cheap to run and compile."""
     from models.llama import LlamaArgs

@@ -158,6 +158,38 @@ BF16_LAYOUTS = {
     "fsdp2_tp2_bf16": (4, [LBS, "4", TP, "2", *BF16]),
 }
 RTOL = 1e-4
+# Layouts whose steps between logs are watched for host syncs (host_syncs.py): each logs every
+# third step, so steps 2 and 4 are the steps that do not log.
+LOG3 = ["--metrics.log_freq", "3"]
+# What the probe sees in those steps that does not make a GPU run wait, and why.
+NOT_WAITING = {
+    # Device tensors: on CUDA NCCL orders these all-reduces on the stream, the host goes on. (A
+    # mesh group that spans the world is the default group: the token count over data-parallel
+    # ranks, the loss and the squared gradient norm over pipeline stages.)
+    "dist.all_reduce (world, blocking) at titanlite/trainer/trainer.py:global_sum",
+    "dist.all_reduce (world, blocking) at titanlite/trainer/pipeline_step.py:share_loss",
+    "dist.all_reduce (world, blocking) at titanlite/components/optim.py:clip_grad_norm_",
+    # The stop agreement's flag, a host tensor that gloo reduced in the background during the
+    # previous step.
+    "aten._local_scalar_dense.default at titanlite/components/preemption.py:_collect",
+    # The varlen kernel's document boundaries under block_causal: one sync per forward, two
+    # under context parallel (the pieces' lengths), left as they are (docs/attention.md).
+    "aten.nonzero.default at models/attention.py:documents",
+    "aten.nonzero.default at models/attention.py:document_pieces",
+    "aten.repeat_interleave.Tensor at models/attention.py:document_pieces",
+}
+SYNC_LAYOUTS = {
+    "one_syncs": (1, [LBS, "8", *LOG3]),
+    "fsdp2_syncs": (2, [LBS, "4", *LOG3]),
+    "ddp2_syncs": (2, [LBS, "4", "--parallelism.data_parallel_replicate_degree", "2", *LOG3]),
+    "tp2_syncs": (2, [LBS, "8", TP, "2", *LOG3]),
+    "cp2_syncs": (2, [LBS, "8", CP, "2", *LOG3]),
+    "pp2_syncs": (2, [LBS, "8", PP, "2", *LOG3]),
+    "fsdp2_accum2_sync_once_syncs": (
+        2,
+        [LBS, "2", *ACCUM2, "--parallelism.fsdp_sync_grads_each_microbatch", "false", *LOG3],
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -190,10 +222,11 @@ def world(request, tmp_path_factory, paragraphs):
     def run(nproc: int) -> TrainerJobs:
         if nproc not in groups:
             jobs = TrainerJobs(nproc, tmp_path_factory.mktemp(f"world{nproc}"))
-            for name, (n, overrides) in {**LAYOUTS, **BF16_LAYOUTS}.items():
+            for name, (n, overrides) in {**LAYOUTS, **BF16_LAYOUTS, **SYNC_LAYOUTS}.items():
                 if n == nproc and name in selected:
                     argv = [*COMMON, "--training.dataset_path", paragraphs, *overrides]
-                    jobs.add(name, argv, record=True)
+                    probe = name in SYNC_LAYOUTS
+                    jobs.add(name, argv, record=not probe, probe=probe)
             groups[nproc] = jobs.run()
         return groups[nproc]
 
@@ -309,3 +342,21 @@ def test_bf16_layout_matches_single_process(world, name):
     # Both did compute in bf16: neither equals the fp32 run (a dropped cast would pass above).
     for run in (result, baseline):
         assert _worst(run["grads"], fp32["grads"])[0] > BF16_AT_LEAST
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SYNC_LAYOUTS))
+def test_a_step_that_does_not_log_never_waits_for_the_device_or_the_world(world, name):
+    """No device value read by the host and no blocking world-wide collective between logs
+    (issue 27: the loss scale stays on the device, non-finite steps are skipped on the device,
+    the stop agreement runs in the background). The steps that log must show the reads the
+    probe exists to see, or it would prove nothing."""
+    result = world(SYNC_LAYOUTS[name][0]).result(name)
+    syncs, logged = result["host_syncs"], result["logged_steps"]
+    quiet = [step for step in range(1, STEPS + 1) if step not in logged]
+    print(f"\n{name}: host syncs by step {dict(sorted(syncs.items()))}")
+    assert quiet == [2, 4], logged
+    for step in quiet:
+        waits = [event for event in syncs.get(step, []) if event not in NOT_WAITING]
+        assert waits == [], f"step {step} waits: {waits}"
+    assert any(e.startswith("aten._local_scalar_dense.default") for e in syncs[3]), syncs[3]

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from helpers import group_timeouts, spawn
+from host_syncs import probed_train
 from torch.distributed.tensor import DTensor
 
 from titanlite.core import distributed
@@ -42,12 +43,13 @@ class TrainerJobs:
         self.jobs: dict[str, dict] = {}
         self.failure: str | None = None
 
-    def add(self, name: str, argv: list[str], record: bool = False) -> Path:
-        """A job with its dump folder folder/name (returned)."""
+    def add(self, name: str, argv: list[str], record: bool = False, probe: bool = False) -> Path:
+        """A job with its dump folder folder/name (returned); `probe`: its result has the
+        host syncs of each step (host_syncs.py) and the steps that logged."""
         dump = self.folder / name
         out = str(self.folder / f"{name}.result.pt")
         argv = [*argv, "--job.dump_folder", str(dump)]
-        self.jobs[name] = {"argv": argv, "out": out, "record": record}
+        self.jobs[name] = {"argv": argv, "out": out, "record": record, "probe": probe}
         return dump
 
     def run(self) -> TrainerJobs:
@@ -138,7 +140,7 @@ class FirstStepGradients:
         return out
 
 
-def run_job(argv: list[str], record: bool, on_trainer=None) -> dict:
+def run_job(argv: list[str], record: bool, on_trainer=None, probe: bool = False) -> dict:
     """One job on this rank; `on_trainer(trainer)`, if given, sees the trainer it built."""
     job, pre = preflight.run(argv, dist.get_world_size())
     # What start-up may take (a first compile), not the training timeout a previous job set.
@@ -146,6 +148,7 @@ def run_job(argv: list[str], record: bool, on_trainer=None) -> dict:
     trainer = Trainer(job, pre)
     if on_trainer is not None:
         on_trainer(trainer)
+    syncs = probed_train(trainer) if probe else None
     try:
         result: dict = {"resumed_from": trainer.checkpointer.resumed_from, "tokens_seen": 0}
         if job.checkpoint.create_seed_checkpoint:
@@ -158,6 +161,9 @@ def run_job(argv: list[str], record: bool, on_trainer=None) -> dict:
         result["tokens_seen"] = trainer.train_state.tokens_seen
         result["losses"] = [r["loss"] for r in records]
         result["grad_norms"] = [r["grad_norm"] for r in records]
+        if syncs is not None:
+            result["host_syncs"] = dict(syncs.events)
+            result["logged_steps"] = [r["step"] for r in records]
         if record:
             result["grads"], result["grads_differ"] = first.grads, first.differ
             result["weights"], result["weights_differ"] = full_tensors(trainer.model, "param")
@@ -175,7 +181,7 @@ def run_jobs(rank: int, world_size: int, spec: str) -> None:
     os.dup2(log, 1), os.dup2(log, 2)
     init_logger()
     for job in json.loads(Path(spec).read_text()):
-        result = run_job(job["argv"], job["record"])
+        result = run_job(job["argv"], job["record"], probe=job["probe"])
         if rank == 0:
             torch.save(result, job["out"])
         dist.barrier()

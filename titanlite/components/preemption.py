@@ -5,9 +5,11 @@ at once, without a checkpoint.
 
 The signal handler only sets a flag: a handler that saved or exited itself could fire inside a
 collective or in the middle of a checkpoint write. The flag is turned into a decision that every
-rank shares by one all-reduce (MAX) of a single int per step, because a signal reaches ranks at
-different moments and a rank that stops alone would leave the others waiting in the next
-collective. Exit status `PREEMPTED` (75, EX_TEMPFAIL: "try again later") tells a
+rank shares by an all-reduce (MAX) of a single int, because a signal reaches ranks at different
+moments and a rank that stops alone would leave the others waiting in the next collective. The
+all-reduce runs in the background (gloo, a host tensor): each step starts one and reads the one
+the step before started, which has had a whole step to finish, so no step waits on a
+world-wide collective and every rank decides at the same step, one step after the signal. Exit status `PREEMPTED` (75, EX_TEMPFAIL: "try again later") tells a
 launcher that the run stopped on purpose with its progress saved.
 """
 
@@ -42,7 +44,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum = 0
         self._interrupted_at: float | None = None
-        self._flag = torch.zeros(1, dtype=torch.int32)
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None  # the reduction under way
         self._previous: dict[int, Any] = {}
         # Python installs handlers only from the main thread. Ray Train runs the trainer in a
         # thread of its worker process; there no signal reaches it, and a stop is Ray's: it ends
@@ -76,13 +78,27 @@ class StopRequest:
             self.signum = signum
 
     def agreed(self) -> int:
-        """The signal number any rank received (0 = keep training); the same on every rank."""
-        self._flag.fill_(self.signum)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
-        return int(self._flag.item())
+        """The signal number any rank had received by the previous call (0 = keep training;
+        alone, the current one): the same on every rank. Called once per step by every rank."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return self.signum
+        decided = self._collect()
+        if not decided:
+            flag = torch.tensor([self.signum], dtype=torch.int32, device="cpu")
+            self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        return decided
+
+    def _collect(self) -> int:
+        """The result of the reduction under way (0 if none)."""
+        if self._pending is None:
+            return 0
+        work, flag = self._pending
+        self._pending = None
+        work.wait()
+        return int(flag.item())  # a host tensor: no device sync
 
     def restore(self) -> None:
+        self._collect()  # every rank started it: let it finish before the group is reused
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 

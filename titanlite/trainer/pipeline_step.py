@@ -31,7 +31,7 @@ class PipelineStep:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         opts: PipelineOptions,
     ):
-        self.scale = 1.0
+        self.scale: torch.Tensor | float = 1.0
         self.device = device
         self.pp_group = pp_group_mesh.get_group()
         self.has_first = 0 in built.stage_ids
@@ -55,7 +55,7 @@ class PipelineStep:
         self,
         inputs: torch.Tensor,
         labels: torch.Tensor,
-        scale: float,
+        scale: torch.Tensor,
         tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Forward and backward of one accumulation micro-batch; this rank's loss (non-zero on

@@ -75,7 +75,8 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         batches = [local_batch(self.sequence_shards, x, y) for x, y in microbatches]
         counted = sum((labels != IGNORE_INDEX).sum() for *_, labels in batches)
-        global_counted = max(int(self.global_sum(torch.as_tensor(counted))), 1)
+        # A device tensor, never read by the host: the step runs without a device sync.
+        global_counted = self.global_sum(torch.as_tensor(counted)).clamp_min(1)
         scale = self.loss_ranks / global_counted
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -83,12 +84,11 @@ class TrainStep:
         loss_sum = self.share_loss(loss_sum)
         grad_norm = clip_grad_norm_(self.params, self.max_norm, pp_group=self.pp_group)
         lr = float(self.lr_scheduler.get_last_lr()[0])
-        if self.nonfinite.allow_update(self.step(), grad_norm):
-            self.optimizer.step()
-            self.lr_scheduler.step()
+        self.nonfinite.step_optimizer(self.optimizer, self.step(), grad_norm)
+        self.lr_scheduler.step()
         return StepOutput(loss_sum, grad_norm, lr)
 
-    def forward_backward(self, batch: LocalBatch, scale: float, last: bool) -> torch.Tensor:
+    def forward_backward(self, batch: LocalBatch, scale: torch.Tensor, last: bool) -> torch.Tensor:
         """One accumulation micro-batch; its scaled loss, detached."""
         inputs, tokens, labels = batch
         if self.sync_last_microbatch_only:
@@ -115,7 +115,7 @@ class PipelineTrainStep(TrainStep):
         self.pp_group = pipeline.pp_group
         self.eval_loss = pipeline.evaluate
 
-    def forward_backward(self, batch: LocalBatch, scale: float, last: bool) -> torch.Tensor:
+    def forward_backward(self, batch: LocalBatch, scale: torch.Tensor, last: bool) -> torch.Tensor:
         inputs, tokens, labels = batch
         with loss_context(self.loss_parallel), self.amp:
             return self.pipeline(inputs, labels, scale, tokens)

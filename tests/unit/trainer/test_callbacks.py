@@ -6,7 +6,7 @@ import math
 import signal
 from pathlib import Path
 
-import torch
+from helpers import guarded_steps
 
 from titanlite.components.clock import Clock
 from titanlite.components.nonfinite import NonFiniteGuard
@@ -75,8 +75,7 @@ def _steps(norms: list[float], interval: int, stop_at: int = 10**9):
     """Steps with these gradient norms through the non-finite guard, then the callbacks."""
     guard = NonFiniteGuard(100)
     ckpt, callbacks, preemption = _callbacks(interval, stop_at, 100, guard.failing)
-    for step, norm in enumerate(norms, 1):
-        guard.allow_update(step, torch.tensor(norm))
+    for step, _ in guarded_steps(guard, norms):
         callbacks.post_step(step)
         if preemption.signum:
             break

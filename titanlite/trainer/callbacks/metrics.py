@@ -28,8 +28,10 @@ class MetricsLogging(Callback):
 
     def post_train_batch(self, step: int, out: StepOutput, val_loss: float | None) -> None:
         self.metrics.count_step()
-        # Reading the loss syncs with the device: only on the steps that log it.
+        # Reading the loss syncs with the device: only on the steps that log it. The non-finite
+        # verdicts are read there too, first: a run past its allowed skips stops before it logs.
         if self.metrics.should_log(step) or val_loss is not None:
+            self.nonfinite.settle()
             record = self.metrics.log(
                 step,
                 self.global_mean(out.loss),
