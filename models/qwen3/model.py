@@ -46,11 +46,12 @@ class Qwen3(Decoder):
             self.register_load_state_dict_post_hook(_tied_key_is_not_missing)
 
     def tie_weights(self) -> None:
-        """Make the output head the embedding again (a parallelism that replaced either
-        parameter, as tensor parallel does, calls this after). Absent parts (a pipeline stage)
-        are left alone."""
+        """Make the output head the embedding again: tensor parallel replaces each end's
+        parameter with its own DTensor, and `to_empty` (meta -> device) gives each module its own
+        tensor. Absent parts (a pipeline stage) are left alone."""
         if self.output is not None and self.tok_embeddings is not None:
-            self.output.weight = self.tok_embeddings.weight
+            if self.output.weight is not self.tok_embeddings.weight:
+                self.output.weight = self.tok_embeddings.weight
 
     def rope_table(self, device: torch.device | None) -> torch.Tensor:
         a = self.args
@@ -58,6 +59,8 @@ class Qwen3(Decoder):
 
     @torch.no_grad()
     def init_weights(self, seed: int, buffer_device: torch.device | None = None) -> None:
+        if self.args.tie_word_embeddings:
+            self.tie_weights()  # every build calls this after to_empty
         super().init_weights(seed, buffer_device)
         if self.args.tie_word_embeddings and self.tok_embeddings is not None:
             # One tensor serves both ends: the head's scale (an embedding of std 1 would give

@@ -1,8 +1,9 @@
 """One forward/backward per layout, in one process group: every parameter's full gradient is
 compared with a plain model's (no parallelism, whole batch) computed in the same processes.
 
-Each layout is built the way the trainer builds it (ParallelDims.build_meshes, parallelize_llama,
-init_weights, cross_entropy_loss under loss_context), one after the other, so that process
+Each layout is built the way the trainer builds it (ParallelDims.build_meshes, the family's
+parallelize function from titanlite.families, init_weights, cross_entropy_loss under
+loss_context), one after the other, so that process
 start-up and imports are paid once per world size. Rank 0 writes {layout: result} as JSON.
 """
 
@@ -33,21 +34,26 @@ class Layout:
     schedule: str = "1F1B"
     cp: int = 1
     load_balancer: str = "headtail"
-    model: dict = field(default_factory=dict)  # LlamaArgs overrides (the mask and its kernel)
+    model: dict = field(default_factory=dict)  # args overrides (the mask and its kernel)
+    family: str = "llama3"  # its debugmodel flavor
 
     @property
     def world(self) -> int:
         return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
 
-def _model_args(overrides: dict):
-    from models.llama import FLAVORS
+def _model_args(overrides: dict, family: str):
     from titanlite.data import Tokenizer, resolve_tokenizer_path
+    from titanlite.families import get_family
 
     vocab = Tokenizer(resolve_tokenizer_path("")).vocab_size
     # "auto", as every preset: causal SDPA, and per-piece varlen under context parallel.
-    return FLAVORS["debugmodel"].with_overrides(
-        **{"vocab_size": vocab, "max_seq_len": SEQ, "attn_type": "auto", **overrides}
+    return (
+        get_family(family)
+        .model.flavors["debugmodel"]
+        .with_overrides(
+            **{"vocab_size": vocab, "max_seq_len": SEQ, "attn_type": "auto", **overrides}
+        )
     )
 
 
@@ -74,18 +80,20 @@ def _clean(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-def reference_grads(float8: bool, splits: int = 1, model: tuple = ()) -> dict[str, torch.Tensor]:
+def reference_grads(
+    float8: bool, splits: int = 1, model: tuple = (), family: str = "llama3"
+) -> dict[str, torch.Tensor]:
     """One process, no parallelism. With `splits`, the batch is cut as data parallel cuts it and
     the parts' gradients averaged: float8 scales each tensor by its amax, which under data
     parallel is the amax of a rank's part of the batch, so a float8 layout is compared with
     the same float8 model on the same parts (for fp32 this changes nothing)."""
-    from models.llama import Transformer
     from parallelisms.float8 import convert_to_float8
     from titanlite.components.loss import cross_entropy_loss
+    from titanlite.families import get_family
 
-    args = _model_args(dict(model))
+    args = _model_args(dict(model), family)
     with torch.device("meta"):
-        model = Transformer(args)
+        model = get_family(family).model.model_cls(args)
     if float8:
         convert_to_float8(model, _float8_options())
     model.to_empty(device="cpu")
@@ -99,14 +107,14 @@ def reference_grads(float8: bool, splits: int = 1, model: tuple = ()) -> dict[st
 def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
     """Every parameter's full gradient under `layout`; `facts` gets what the layout did
     (trainer_jobs.layout_facts)."""
-    from models.llama import Transformer
     from parallelisms import ParallelDims, ParallelizeOptions
     from parallelisms.context_parallel import SequenceShards
-    from parallelisms.llama import parallelize_llama
     from parallelisms.tensor_parallel import loss_context
     from titanlite.components.loss import cross_entropy_loss, local_batch, model_kwargs
+    from titanlite.families import get_family
 
-    args = _model_args(layout.model)
+    family = get_family(layout.family)
+    args = _model_args(layout.model, layout.family)
     dims = ParallelDims.resolve(
         layout.dp_replicate, layout.dp_shard, layout.tp, layout.world, layout.pp, layout.cp
     )
@@ -119,7 +127,7 @@ def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
         **{k: v for k, v in layout.opts.items() if k != "loss_parallel"},
     )
     with torch.device("meta"):
-        model = Transformer(args)
+        model = family.model.model_cls(args)
     inputs, labels = _batch(args)
     dp_rank, dp_size = (meshes.dp.get_local_rank(), meshes.dp.size()) if meshes.dp else (0, 1)
     per_rank = BATCH // dp_size
@@ -130,10 +138,10 @@ def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
     inputs, window, labels = local_batch(shards, inputs, labels)
     if dims.pp_enabled:
         model = _pipeline_backward(
-            model, dims, meshes, opts, layout.schedule, inputs, labels, window
+            model, dims, meshes, opts, layout.schedule, inputs, labels, window, family.parallelize
         )
     else:
-        parallelize_llama(model, dims, meshes, opts)
+        family.parallelize(model, dims, meshes, opts)
         model.to_empty(device="cpu")
         model.init_weights(SEED)
         model.train()
@@ -157,10 +165,9 @@ def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
     return {k: v for part in everyone for k, v in part.items()}
 
 
-def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, window=None):
+def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, window, parallelize):
     """Forward and backward through the stages and schedule the trainer builds; returns this
     rank's stages as one module (their parameters under the whole model's names)."""
-    from parallelisms.llama import parallelize_llama
     from parallelisms.pipeline import (
         ModelParts,
         PipelineOptions,
@@ -179,7 +186,7 @@ def _pipeline_backward(model, dims, meshes, opts, schedule, inputs, labels, wind
     ids = stage_ids(meshes.pp.get_local_rank(), dims.pp, stages, schedule)
     parts = stage_models(model, split_layers(n_layers, stages, 1, 1), ids)
     for part in parts:
-        parallelize_llama(part, dims, meshes, opts)
+        parallelize(part, dims, meshes, opts)
         part.to_empty(device="cpu")
         part.init_weights(SEED)
         part.train()
@@ -235,7 +242,7 @@ def run(rank: int, world: int, layouts: dict[str, dict], out: str) -> None:
         layout = Layout(**spec)
         assert layout.world == world, (name, layout.world, world)
         splits = layout.dp_replicate * layout.dp_shard if layout.float8 else 1
-        key = (layout.float8, splits, tuple(sorted(layout.model.items())))
+        key = (layout.float8, splits, tuple(sorted(layout.model.items())), layout.family)
         if key not in refs:
             refs[key] = reference_grads(*key)
         torch._dynamo.reset()  # each layout compiles from scratch, as a fresh run would

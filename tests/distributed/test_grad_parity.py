@@ -1,5 +1,5 @@
 """Per-parameter gradient parity: after one forward/backward from the same weights and batch
-(8 sequences of 64 tokens, debug model, fp32), every parameter's full gradient under each layout
+(8 sequences of 64 tokens, a family's debug model, fp32), every parameter's full gradient under each layout
 is within 1e-4 (relative, in norm) of the single process's, and none is zero or missing where
 the single process has one. Catches what a loss or total-norm comparison hides: one lost
 gradient (the token embedding's under compile + TP was zero on torch 2.13) barely moves either.
@@ -29,6 +29,7 @@ FSDP2_TP2 = {"dp_shard": 2, "tp": 2}
 AC_OP = {"ac_mode": "selective", "ac_option": "op"}
 # Documents that cross the cp chunk borders (grad_parity_worker._batch plants the BOS tokens).
 DOCUMENTS = {"attn_mask_type": "block_causal", "bos_id": 1}
+TIED = {"tie_word_embeddings": True}
 WORLD2 = {
     "fsdp2": {"dp_shard": 2},
     "ddp2": {"dp_replicate": 2},
@@ -52,6 +53,12 @@ WORLD2 = {
     "fsdp2_float8": {"dp_shard": 2, "float8": True},
     "ddp2_float8": {"dp_replicate": 2, "float8": True},
     "tp2_float8": {"tp": 2, "float8": True},
+    # Qwen3 dense (its debugmodel: per-head q/k norms, head_dim apart from dim), untied and
+    # with the head tied to the embedding (one FSDP unit; re-tied after TP).
+    "qwen3_fsdp2": {"family": "qwen3", "dp_shard": 2},
+    "qwen3_tp2": {"family": "qwen3", "tp": 2},
+    "qwen3_tied_fsdp2": {"family": "qwen3", "dp_shard": 2, "model": TIED},
+    "qwen3_tied_tp2": {"family": "qwen3", "tp": 2, "model": TIED},
 }
 WORLD4 = {
     "fsdp4": {"dp_shard": 4},

@@ -141,3 +141,14 @@ def test_the_estimators_qk_norm_term_is_what_torch_saves():
     shape = dict(local_batch_size=batch, seq_len=seq, tp=1, cp=1, compute_bytes=4, kernel="sdpa")
     formula = [block_activations(model.args, qk_norm=q, **shape)[0] for q in (True, False)]
     assert with_norms - without == formula[0] - formula[1] > 0
+
+
+def test_the_tie_survives_the_meta_build_the_trainer_does():
+    # meta -> to_empty gives each module its own tensor; init_weights (always next) re-ties.
+    args = dataclasses.replace(FLAVORS["debugmodel"], vocab_size=512, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = Qwen3(args)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert len(list(model.parameters())) == len(model.state_dict())
