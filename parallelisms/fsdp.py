@@ -44,3 +44,19 @@ def apply_fsdp(
     if last:
         fully_shard(last, reshard_after_forward=always, **common)
     fully_shard(model, reshard_after_forward=always, **common)
+
+
+def unsharded_numels(model: nn.Module) -> list[int]:
+    """Elements of each parameter FSDP manages, as all-gathered on this rank: the size of the
+    gradient FSDP2 leaves on the unsharded parameter when it does not reduce-scatter (a
+    tensor-parallel shard stays a shard). Read off FSDP's own records, so meta tensors do."""
+    from torch.distributed.fsdp import FSDPModule
+
+    # A unit of several modules (the final norm with the head) shares one state: once each.
+    groups = {
+        id(group): group
+        for module in model.modules()
+        if isinstance(module, FSDPModule)
+        for group in module._get_fsdp_state()._fsdp_param_groups
+    }
+    return [p._orig_size.numel() for group in groups.values() for p in group.fsdp_params]

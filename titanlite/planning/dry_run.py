@@ -27,12 +27,14 @@ from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
 from titanlite.core.errors import report
 from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
+from titanlite.preflight.memory import keeps_unsharded_grads, warning_line
 
 if TYPE_CHECKING:
     from titanlite.build.assemble import BuiltModel
     from titanlite.preflight.checks import Preflight
 
 GIB = 2**30
+KEPT_GRADS = "FSDP unsharded grads (accumulation)"
 
 
 def tensors_bytes(tensors) -> int:
@@ -133,6 +135,7 @@ class Plan:
     # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
     # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
     headroom: int = 0
+    warnings: list[str] = field(default_factory=list)  # one line each, for stderr
 
     @property
     def total(self) -> int:
@@ -176,10 +179,13 @@ class Plan:
         )
         if not self.fits:
             top = max(self.bytes, key=lambda name: self.bytes[name])
-            lines.append(
-                f"  biggest item: {top}; more data-parallel shards, tensor or context parallel, "
-                "activation checkpointing or a smaller local batch reduce it"
+            remedy = (
+                "--parallelism.fsdp_sync_grads_each_microbatch true removes it"
+                if top == KEPT_GRADS
+                else "more data-parallel shards, tensor or context parallel, activation "
+                "checkpointing or a smaller local batch reduce it"
             )
+            lines.append(f"  biggest item: {top}; {remedy}")
         return "\n".join(lines)
 
 
@@ -202,6 +208,10 @@ def plan(
     unsharded = _fsdp_unsharded(job, pre, built)
     if unsharded is not None:
         sizes["FSDP unsharded params/grads"] = unsharded
+    warnings = []
+    if keeps_unsharded_grads(job, pre.dims, pre.grad_accum_steps):
+        sizes[KEPT_GRADS] = _kept_unsharded_grads(built)
+        warnings.append(warning_line(job, pre.grad_accum_steps, sizes[KEPT_GRADS]))
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
@@ -229,6 +239,7 @@ def plan(
         tokens_per_rank=per_rank,
         context_parallel=context_parallel,
         memory_budget=memory_budget,
+        warnings=warnings,
     )
 
 
@@ -344,6 +355,15 @@ def _fsdp_unsharded(job: JobConfig, pre: Preflight, built: BuiltModel) -> int | 
     )
 
 
+def _kept_unsharded_grads(built: BuiltModel) -> int:
+    """Every FSDP unit's unsharded gradients in the reduce dtype, which FSDP2 keeps between
+    micro-batches when it reduce-scatters on the last one only (titanlite/preflight/memory.py
+    gives torch's code path; tests/distributed/test_kept_grads.py measures it)."""
+    from parallelisms.fsdp import unsharded_numels
+
+    return sum(unsharded_numels(built.model)) * built.options.reduce_dtype.itemsize
+
+
 def _pipeline_share(job: JobConfig, built, dims, rank: int) -> tuple[int, bool, int, int, bool]:
     """For `rank`'s pipeline stages: (micro-batch forwards in flight at the peak, whether that is
     exact, sequences per micro-batch, blocks per local stage on average, holds the output)."""
@@ -436,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     except preflight.user_errors() as e:
         return report(e)
     print(result.render())
+    for line in result.warnings:
+        print(line, file=sys.stderr)
     if stages:
         print(stage_table(stages))
     return 0

@@ -21,6 +21,7 @@ from titanlite.preflight.checkpoint import check_checkpoint, check_seed_checkpoi
 from titanlite.preflight.data import check_windows, open_datasets
 from titanlite.preflight.environment import check_environment
 from titanlite.preflight.float8 import eager_warning
+from titanlite.preflight.memory import unsharded_grads_warning
 
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
     from models import ModelArgs
@@ -328,12 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world_size = launched_world_size()
         check_launcher_env(world_size)
-        job, _ = run(sys.argv[1:] if argv is None else argv, world_size)
+        job, pre = run(sys.argv[1:] if argv is None else argv, world_size)
     except user_errors() as e:
         return report(e)
     warn_emulated_bf16(job)
-    if line := eager_warning(job):
-        print(line, file=sys.stderr)
+    for line in (
+        eager_warning(job),
+        unsharded_grads_warning(job, pre.dims, pre.grad_accum_steps, pre.model_args),
+    ):
+        if line:
+            print(line, file=sys.stderr)
     return 0
 
 
