@@ -77,12 +77,13 @@ def _flavor(dim: int, n_layers: int, n_heads: int, ffn: int, tied: bool) -> Qwen
     )
 
 
+# Tiny, for CPU runs and tests: 8 heads of 64 = 512 wider than dim 256, as in Qwen3's own shapes,
+# and grouped-query attention, so both decouplings are exercised.
+_DEBUG = Qwen3Args(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=64, ffn_hidden_dim=768)
+
 FLAVORS: dict[str, Qwen3Args] = {
-    # Tiny, for CPU runs and tests: 8 heads of 64 = 512 wider than dim 256, as in Qwen3's own
-    # shapes, and grouped-query attention, so both decouplings are exercised.
-    "debugmodel": Qwen3Args(
-        dim=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=64, ffn_hidden_dim=768
-    ),
+    "debugmodel": _DEBUG,
+    "debugmodel_tied": replace(_DEBUG, tie_word_embeddings=True),  # as the small flavors
     "0.6B": _flavor(1024, 28, 16, 3072, tied=True),
     "1.7B": _flavor(2048, 28, 16, 6144, tied=True),
     "4B": _flavor(2560, 36, 32, 9728, tied=True),

@@ -56,6 +56,8 @@ PP_SCHEDULE = "--parallelism.pipeline_parallel_schedule"
 ACCUM2 = ["--training.global_batch_size", "8"]
 AC_FULL = ["--activation_checkpoint.mode", "full"]
 ROPE_DOCUMENT = ["--model.rope_positions", "document"]
+QWEN3 = ["--model.name", "qwen3"]  # its debugmodel: per-head q/k norms, head_dim apart from dim
+QWEN3_TIED = [*QWEN3, "--model.flavor", "debugmodel_tied"]  # the head is the embedding
 
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
 LAYOUTS = {
@@ -146,9 +148,21 @@ LAYOUTS = {
     ),
     "one_1block": (1, [LBS, "8", "--model.n_layers", "1"]),
     "pp2_1block": (2, [LBS, "8", PP, "2", "--model.n_layers", "1"]),
+    # Qwen3 dense, and with the head tied to the embedding (one FSDP unit with it).
+    "qwen3_one": (1, [LBS, "8", *QWEN3]),
+    "qwen3_fsdp2": (2, [LBS, "4", *QWEN3]),
+    "qwen3_tp2": (2, [LBS, "8", TP, "2", *QWEN3]),
+    "qwen3_tied_one": (1, [LBS, "8", *QWEN3_TIED]),
+    "qwen3_tied_fsdp2": (2, [LBS, "4", *QWEN3_TIED]),
 }
 # A layout's one-process run of the same model: "one" unless named here.
-REFERENCES = {"pp2_2blocks_layers_per_stage_3": "one_2blocks", "pp2_1block": "one_1block"}
+REFERENCES = {
+    "pp2_2blocks_layers_per_stage_3": "one_2blocks",
+    "pp2_1block": "one_1block",
+    "qwen3_fsdp2": "qwen3_one",
+    "qwen3_tp2": "qwen3_one",
+    "qwen3_tied_fsdp2": "qwen3_tied_one",
+}
 BF16 = ["--training.mixed_precision_param", "bfloat16"]
 # bfloat16 mixed precision against one process under bf16 autocast (BF16_RTOL below says why
 # the bound is what it is).
