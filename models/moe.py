@@ -1,0 +1,255 @@
+"""Mixture-of-Experts feed-forward, for any family (Qwen3's MoE members today; a DeepSeek-style
+family can reuse it): a token-choice top-k router, experts held as 3-D weights and computed with
+grouped GEMMs, optional shared experts, and what load balancing needs.
+
+Routing. The router scores every expert (softmax, as Qwen3 and Mixtral; or sigmoid, as
+DeepSeek-V3), picks each token's top k, and weighs the chosen experts' outputs by their scores,
+renormalized to sum to 1 when `norm_topk_prob` (Qwen3's flag). No token is ever dropped: an
+expert computes every token routed to it.
+
+Compute. The token-expert pairs are sorted by expert (a stable sort, so the order is a function
+of the routing alone), each expert's rows are contiguous, and `torch._grouped_mm` runs all
+experts' SwiGLU in three calls with the group ends as offsets: no per-expert loop and no host
+sync for the split sizes. The outputs go back to their (token, k) slots and are summed over k in
+slot order, so the combine is deterministic (no atomics).
+
+Load balancing, chosen by `load_balance`:
+- "expert_bias": DeepSeek-V3's auxiliary-loss-free bias. A per-expert bias is added to the
+  scores for choosing the experts only (the weights stay the router's); after each step it moves
+  by `bias_update_rate` towards balance, from the step's tokens-per-expert counts summed over the
+  ranks that saw different tokens (`update_expert_bias`, which the trainer calls before the
+  optimizer step with its sum over those ranks). The bias is a persistent buffer: checkpoints
+  carry it; a Hugging Face Qwen3 export has no place for it and drops it.
+- "aux_loss": the Switch-Transformer load-balancing loss, coefficient `aux_loss_coef` (Qwen3's
+  `router_aux_loss_coef`), per MoE layer and per sequence: E * sum_e f_e * P_e with f_e the
+  share of the sequence's tokens routed to e (counting every one of the k choices) and P_e the
+  mean router probability of e. For one layer and one sequence it is Hugging Face's
+  `load_balancing_loss_func`; Hugging Face pools every layer's tokens into one product instead
+  of summing per-layer products (docs/moe.md). Per sequence it depends on nothing a data-parallel
+  layout changes. It enters the objective through the backward pass (`_AttachAuxLoss`), so
+  the model's output and the trainer's loss stay what they are for a dense model; its value is
+  kept for the metrics.
+- "none".
+
+Statistics: each MoE layer adds its tokens-per-expert counts into `tokens_per_expert` (a
+buffer, never read by the host in the step) until `update_expert_bias` or `take_load` resets
+it; `imbalance` turns counts into the max/mean load figure the metrics log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.initialization import fill_trunc_normal_
+from models.layers import FeedForward
+
+SCORE_FUNCS = ("softmax", "sigmoid")
+LOAD_BALANCE = ("expert_bias", "aux_loss", "none")
+
+
+@dataclass(frozen=True)
+class MoEArgs:
+    num_experts: int = 8
+    top_k: int = 2
+    hidden_dim: int = 64  # each expert's SwiGLU width (Qwen3's moe_intermediate_size)
+    shared_hidden_dim: int = 0  # the shared experts' SwiGLU width, 0 = none
+    score_func: str = "softmax"
+    norm_topk_prob: bool = True
+    load_balance: str = "aux_loss"
+    aux_loss_coef: float = 1e-3
+    bias_update_rate: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be in 1..num_experts ({self.num_experts})")
+        if self.score_func not in SCORE_FUNCS:
+            raise ValueError(f"score_func {self.score_func!r}: one of {SCORE_FUNCS}")
+        if self.load_balance not in LOAD_BALANCE:
+            raise ValueError(f"load_balance {self.load_balance!r}: one of {LOAD_BALANCE}")
+
+
+class TopKRouter(nn.Module):
+    def __init__(self, dim: int, args: MoEArgs):
+        super().__init__()
+        self.args = args
+        self.gate = nn.Linear(dim, args.num_experts, bias=False)
+        # Steers the choice only; persistent, so that a resume continues with it.
+        self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, dim) -> the chosen experts' weights (tokens, k) in x's dtype, the chosen
+        experts (tokens, k) and every expert's float32 score (tokens, E)."""
+        a = self.args
+        logits = self.gate(x).float()
+        scores = logits.softmax(-1) if a.score_func == "softmax" else logits.sigmoid()
+        steered = scores + self.expert_bias if a.load_balance == "expert_bias" else scores
+        chosen = steered.topk(a.top_k, dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        if a.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), chosen, scores
+
+    def init_weights(self, key: str, seed: int) -> None:
+        fill_trunc_normal_(self.gate.weight, 0.02, seed, f"{key}.gate")
+        self.expert_bias.zero_()
+
+
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """x (rows sorted by group, in) @ weight[g].T for each group g of rows, `ends` the groups'
+    end rows (int32). torch 2.13 computes any dtype eagerly (its CUDA kernel for bf16 on
+    sm90/sm100; elsewhere a loop that reads `ends` on the host); its compiled form takes only
+    bf16, so other dtypes run eagerly under torch.compile."""
+    if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():
+        return _eager_grouped_mm(x, weight, ends)
+    return torch._grouped_mm(x, weight.transpose(-2, -1), offs=ends)
+
+
+@torch.compiler.disable
+def _eager_grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, weight.transpose(-2, -1), offs=ends)
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts as 3-D weights: w1, w3 (E, hidden, dim), w2 (E, dim, hidden)."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x: rows sorted by expert, counts[e] of them for expert e."""
+        ends = counts.cumsum(0).to(torch.int32)
+        h = F.silu(grouped_mm(x, self.w1, ends)) * grouped_mm(x, self.w3, ends)
+        return grouped_mm(h, self.w2, ends)
+
+    def init_weights(self, key: str, seed: int, out_std: float) -> None:
+        fill_trunc_normal_(self.w1, 0.02, seed, f"{key}.w1")
+        for name in ("w2", "w3"):
+            fill_trunc_normal_(getattr(self, name), out_std, seed, f"{key}.{name}")
+
+
+class _AttachAuxLoss(torch.autograd.Function):
+    """Identity on `out`; its backward also sends `weight` as the gradient of `aux`, which adds
+    weight * aux to the objective without the output carrying it."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, weight: float) -> torch.Tensor:
+        ctx.aux_meta = (aux.shape, aux.dtype, aux.device)
+        ctx.weight = weight
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        shape, dtype, device = ctx.aux_meta
+        return grad, torch.full(shape, ctx.weight, dtype=dtype, device=device), None
+
+
+def sequence_aux_loss(scores: torch.Tensor, chosen: torch.Tensor, sequences: int) -> torch.Tensor:
+    """The Switch load-balancing loss of each sequence, averaged over the sequences: scores
+    (tokens, E) float32, chosen (tokens, k); the tokens are `sequences` sequences in order."""
+    num_experts = scores.shape[-1]
+    routed = torch.zeros_like(scores).scatter_add_(-1, chosen, torch.ones_like(scores[:, :1]).expand_as(chosen))
+    share = routed.view(sequences, -1, num_experts).mean(1)  # routed to e per token, k in all
+    probability = scores.view(sequences, -1, num_experts).mean(1)
+    return num_experts * (share * probability).sum(-1).mean()
+
+
+class MoE(nn.Module):
+    def __init__(self, dim: int, args: MoEArgs):
+        super().__init__()
+        self.args = args
+        self.router = TopKRouter(dim, args)
+        self.experts = GroupedExperts(dim, args.hidden_dim, args.num_experts)
+        self.shared_experts = (
+            FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim else None
+        )
+        self.register_buffer(
+            "tokens_per_expert", torch.zeros(args.num_experts, dtype=torch.int64), persistent=False
+        )
+        # Set by the trainer (set_aux_loss_weight): the objective is a mean over its step's
+        # sequences, this forward holding x.shape[0] of them.
+        self.sequences_per_step = 1
+        self.last_aux_loss: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch_shape, dim = x.shape, x.shape[-1]
+        flat = x.reshape(-1, dim)
+        weights, chosen, scores = self.router(flat)
+        k, num_experts = chosen.shape[-1], self.args.num_experts
+        slots = chosen.flatten()
+        counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device)
+        counts.scatter_add_(0, slots, torch.ones_like(slots))
+        with torch.no_grad():
+            self.tokens_per_expert += counts
+        order = slots.argsort(stable=True)
+        routed = self.experts(flat[order // k], counts) * weights.flatten()[order, None]
+        by_slot = torch.empty_like(routed).index_copy(0, order, routed)
+        out = by_slot.view(-1, k, dim).sum(1)
+        if self.args.load_balance == "aux_loss" and torch.is_grad_enabled():
+            sequences = batch_shape[0] if x.dim() == 3 else 1
+            aux = sequence_aux_loss(scores, chosen, sequences)
+            self.last_aux_loss = aux.detach()
+            share = sequences / self.sequences_per_step
+            out = _AttachAuxLoss.apply(out, aux, self.args.aux_loss_coef * share)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(batch_shape)
+
+    def init_weights(self, key: str, seed: int, out_std: float) -> None:
+        self.router.init_weights(f"{key}.router", seed)
+        self.experts.init_weights(f"{key}.experts", seed, out_std)
+        if self.shared_experts is not None:
+            self.shared_experts.init_weights(f"{key}.shared_experts", seed, out_std)
+
+
+def moe_layers(model: nn.Module) -> Iterator[tuple[str, MoE]]:
+    for name, module in model.named_modules():
+        if isinstance(module, MoE):
+            yield name, module
+
+
+def set_aux_loss_weight(model: nn.Module, sequences_per_step: int) -> None:
+    """The sequences one rank trains per optimizer step (micro-batch x accumulation steps):
+    each forward's auxiliary loss weighs its share of them."""
+    for _, layer in moe_layers(model):
+        layer.sequences_per_step = sequences_per_step
+
+
+@torch.no_grad()
+def update_expert_bias(
+    model: nn.Module, global_sum: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """After a step's backward, before its optimizer step: move every expert_bias layer's bias
+    by bias_update_rate towards balance (up for the under-loaded experts, down for the over-
+    loaded), from the step's counts summed by `global_sum` over the ranks that saw different
+    tokens; then reset the counts. One collective for all layers, on the device."""
+    layers = [layer for _, layer in moe_layers(model) if layer.args.load_balance == "expert_bias"]
+    if not layers:
+        return
+    counts = global_sum(torch.stack([layer.tokens_per_expert for layer in layers])).float()
+    for layer, load in zip(layers, counts):
+        bias = layer.router.expert_bias
+        bias += layer.args.bias_update_rate * torch.sign(load.mean() - load)
+        layer.tokens_per_expert.zero_()
+
+
+def take_load(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each MoE layer's tokens-per-expert counts since the last reset (then reset), by name."""
+    loads = {}
+    for name, layer in moe_layers(model):
+        loads[name] = layer.tokens_per_expert.clone()
+        layer.tokens_per_expert.zero_()
+    return loads
+
+
+def imbalance(counts: torch.Tensor) -> torch.Tensor:
+    """max/mean tokens per expert: 1 when balanced, E when every token chose one expert."""
+    counts = counts.float()
+    return counts.max() / counts.mean().clamp_min(1e-9)
