@@ -76,3 +76,46 @@ def require_architecture(cfg: dict[str, Any], architecture: str, label: str) -> 
         raise HFConfigError(
             f"config.json: architectures = {archs}: titanlite's {label} needs {architecture}"
         )
+
+
+def meta_state_dict_shapes(model_cls: Any, args: Any) -> dict[str, tuple[int, ...]]:
+    """Every entry of the titanlite model's state dict for `args`, in order, with its shape (from
+    the model itself, built on the meta device: no memory, no drift from the model's code)."""
+    with torch.device("meta"):
+        model = model_cls(args)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def decoder_config(
+    args: Any,
+    *,
+    dtype: torch.dtype,
+    bos_token_id: int | None,
+    eos_token_id: int | None,
+    **family: Any,
+) -> dict[str, Any]:
+    """config.json: the keys every decoder family writes alike (shapes, activation, norms, no
+    biases, dtype, special tokens), with the family's own (`architectures`, `model_type`, RoPE,
+    ...) first."""
+    cfg: dict[str, Any] = {
+        **family,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(args.norm_eps),
+        "vocab_size": args.vocab_size,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if bos_token_id is not None:
+        cfg["bos_token_id"] = bos_token_id
+    if eos_token_id is not None:
+        cfg["eos_token_id"] = eos_token_id
+    return cfg

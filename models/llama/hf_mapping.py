@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 from models.hf_common import (
+    decoder_config,
     field,
+    meta_state_dict_shapes,
     permute_from_hf,
     permute_to_hf,
     rename,
@@ -96,13 +98,9 @@ def describe(args: LlamaArgs) -> str:
 
 
 def state_dict_shapes(args: LlamaArgs) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the titanlite model for `args`, in state-dict order, with its shape
-    (from the model itself, built on the meta device: no memory, no drift from model.py)."""
     from models.llama.model import Transformer
 
-    with torch.device("meta"):
-        model = Transformer(args)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return meta_state_dict_shapes(Transformer, args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,36 +139,21 @@ def hf_config(
         if rope_scaling is None
         else {**rope_scaling, "rope_theta": theta}
     )
-    cfg: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_hidden_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.kv_heads,
-        "head_dim": args.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings,
-        "rms_norm_eps": float(args.norm_eps),
-        "rope_theta": theta,
-        "rope_scaling": rope_scaling,
-        "rope_parameters": rope_parameters,
-        "vocab_size": args.vocab_size,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
-    if bos_token_id is not None:
-        cfg["bos_token_id"] = bos_token_id
-    if eos_token_id is not None:
-        cfg["eos_token_id"] = eos_token_id
-    return cfg
+    return decoder_config(
+        args,
+        dtype=dtype,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=theta,
+        rope_scaling=rope_scaling,
+        rope_parameters=rope_parameters,
+        tie_word_embeddings=False,
+        mlp_bias=False,
+        pretraining_tp=1,
+    )
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, tuple[float, float, float, int] | None]:

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from models.hf_common import (
+    decoder_config,
     field,
+    meta_state_dict_shapes,
     permute_from_hf,
     permute_to_hf,
     rename,
@@ -91,9 +93,7 @@ def describe(args: Qwen3Args) -> str:
 def state_dict_shapes(args: Qwen3Args) -> dict[str, tuple[int, ...]]:
     from models.qwen3.model import Qwen3
 
-    with torch.device("meta"):
-        model = Qwen3(args)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return meta_state_dict_shapes(Qwen3, args)
 
 
 def hf_config(
@@ -107,37 +107,22 @@ def hf_config(
     """config.json of `Qwen3ForCausalLM` for `args`, RoPE written both ways (`rope_theta`,
     transformers 4 and the published files; `rope_parameters`, transformers 5)."""
     theta = float(args.rope_theta)
-    cfg: dict[str, Any] = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_hidden_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.kv_heads,
-        "head_dim": args.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings or args.max_seq_len,
-        "rms_norm_eps": float(args.norm_eps),
-        "rope_theta": theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "vocab_size": args.vocab_size,
-        "tie_word_embeddings": args.tie_word_embeddings,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": args.n_layers,
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
-    if bos_token_id is not None:
-        cfg["bos_token_id"] = bos_token_id
-    if eos_token_id is not None:
-        cfg["eos_token_id"] = eos_token_id
-    return cfg
+    return decoder_config(
+        args,
+        dtype=dtype,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        max_position_embeddings=max_position_embeddings or args.max_seq_len,
+        rope_theta=theta,
+        rope_scaling=None,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        tie_word_embeddings=args.tie_word_embeddings,
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=args.n_layers,
+    )
 
 
 def _rope_theta(cfg: dict[str, Any]) -> float:
