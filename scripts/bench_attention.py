@@ -32,13 +32,15 @@ from pathlib import Path
 
 import torch
 
-from models.llama import FLAVORS, LlamaArgs
-from titanlite.components.loss import cross_entropy_sum, ignore_boundary_targets
-from titanlite.config.loader import load
-from titanlite.data import Tokenizer, resolve_tokenizer_path
-from titanlite.families import get_family, model_args
-
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a file, this process has scripts/ on its path, not the checkout it belongs to.
+sys.path.insert(0, str(ROOT))
+from models.llama import FLAVORS, LlamaArgs  # noqa: E402
+from titanlite.components.loss import cross_entropy_sum, ignore_boundary_targets  # noqa: E402
+from titanlite.config.loader import load  # noqa: E402
+from titanlite.data import Tokenizer, resolve_tokenizer_path  # noqa: E402
+from titanlite.families import get_family, model_args  # noqa: E402
+
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
 CORPUS = ROOT / "titanlite" / "assets" / "corpus"
 # name -> (attn_type, attn_mask_type); the first is the reference of the ratios.
@@ -161,6 +163,11 @@ def run(opts, args, variants, batches, device, dtype) -> dict[str, dict]:
             models.pop(name, None)
             table[name] = {"error": "out of memory"}
         sync(device)
+        r = table[name]
+        said = r.get("error") or "warmed up"
+        if "peak_gib" in r:
+            said += f", step peak {r['peak_gib']:.2f} GiB above the weights"
+        print(f"bench_attention: {name}: {said}", flush=True)
     names = list(models)
     for r in range(opts.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -170,6 +177,9 @@ def run(opts, args, variants, batches, device, dtype) -> dict[str, dict]:
             sync(device)
             table[name]["times"].append(time.perf_counter() - wall)
             table[name]["cpu"].append(time.process_time() - cpu)
+        tokens = opts.steps * batches[0].shape[0] * args.max_seq_len
+        done = ", ".join(f"{n} {tokens / table[n]['times'][-1]:,.0f}" for n in names)
+        print(f"bench_attention: round {r + 1}/{opts.rounds} tokens/s: {done}", flush=True)
     tokens = opts.steps * batches[0].shape[0] * args.max_seq_len
     for name in names:
         table[name]["tps"] = [tokens / t for t in table[name]["times"]]

@@ -9,13 +9,21 @@ The model is Llama-3-8B-shaped (dim 4096, 32 heads, 8 KV heads, FFN 14336) with 
 as the dry run says fit the device. Data and tokenizer are the bundled ones (no download), so the
 vocabulary is 512 and the output head is negligible: the figures are the blocks' throughput.
 
-    python scripts/bench_float8.py                    # on a GPU; see scripts/bench_gpu.sh
+Weights are float32 (the optimizer's master copy) and the matmuls run in bf16 under autocast:
+one GPU has no FSDP to cast the parameters. Each variant's row is printed as soon as it has run.
+
+    python scripts/bench_float8.py --layers 8         # on a GPU; see scripts/bench_gpu.sh
+    python scripts/bench_float8.py                    # the most blocks that fit (dry runs first)
     python scripts/bench_float8.py --smoke            # CPU rehearsal: debug model, 3 steps each
+
+Run as a file from a checkout: its root is put on every run's path, nothing needs installing.
+Without torchao the float8 variants are left out (the table says so).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -66,7 +74,13 @@ def largest_fitting_layers(base: list[str], memory_gib: float, max_layers: int) 
 
 
 def run_variant(
-    name: str, base: list[str], extra: list[str], steps: int, warmup: int, folder: Path
+    name: str,
+    base: list[str],
+    extra: list[str],
+    steps: int,
+    warmup: int,
+    folder: Path,
+    timeout: float | None = None,
 ) -> dict:
     dump = folder / name.replace(" ", "_").replace("+", "plus")
     cmd = [
@@ -87,7 +101,14 @@ def run_variant(
         "false",
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    # The checkout is what runs, installed or not (an offline GPU machine has no pip).
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"variant": name, "error": [f"timed out after {timeout}s"]}
     if proc.returncode != 0:
         return {"variant": name, "error": proc.stderr.strip().splitlines()[-1:]}
     rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
@@ -137,7 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--layers", type=int, default=None, help="blocks (default: most that fit)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per variant's run")
+    ap.add_argument(
+        "--eager-only", action="store_true", help="leave the compiled variants out (rehearsals)"
+    )
     args = ap.parse_args(argv)
+    variants = VARIANTS
+    if args.eager_only:
+        variants = {k: v for k, v in variants.items() if "compile" not in k}
+    if importlib.util.find_spec("torchao") is None:
+        variants = {k: v for k, v in variants.items() if "float8" not in k}
+        print("bench_float8: torchao is not importable: float8 variants left out", flush=True)
 
     if args.smoke:
         base = [
@@ -174,17 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         steps, warmup = args.steps, args.warmup
         header = (
             f"Llama-3-8B-shaped, {layers} of 32 blocks, seq {args.seq_len} x batch "
-            f"{args.batch}, one GPU, bf16 params, medians of steps {warmup + 1}-{steps}"
+            f"{args.batch}, one GPU, fp32 master weights with bf16 autocast, medians of steps "
+            f"{warmup + 1}-{steps}"
         )
+    print(f"bench_float8: {header}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_float8_") as tmp:
         results = []
-        for name, extra in VARIANTS.items():
-            results.append(run_variant(name, base, extra, steps, warmup, Path(tmp)))
-            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    table = render(results, header)
+        for name, extra in variants.items():
+            results.append(run_variant(name, base, extra, steps, warmup, Path(tmp), args.timeout))
+            print(f"bench_float8: {json.dumps(results[-1])}", flush=True)
+            table = render(results, header)
+            if args.out:  # what has run so far survives a run cut short
+                args.out.write_text(table + "\n")
     print(table)
-    if args.out:
-        args.out.write_text(table + "\n")
     return 0 if all("tps" in r for r in results) else 1
 
 

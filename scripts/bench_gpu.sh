@@ -1,50 +1,70 @@
 #!/usr/bin/env bash
-# The prepared session for one GPU (planned to fit 10 minutes on an H200; not yet run on one):
-#  1. the correctness pass, scripts/gpu_check.py: compiled vs eager per-parameter gradients,
-#     float8 vs bf16 over 50 steps, async_with_pinned_mem save + bit-exact resume,
-#     training.deterministic twice, a memory snapshot, the dry run vs the allocator's peak,
-#     the default block_causal kernel vs masked SDPA over 20 steps, context parallel's
-#     per-document pieces through flash varlen vs one masked SDPA;
-#  2. the benchmark, scripts/bench_float8.py: bf16 vs float8 tensorwise, with and without
-#     compile, on the largest Llama-3-8B-shaped model that fits one GPU;
-#  3. scripts/bench_attention.py: forward + backward tokens/s and step peak memory of varlen
-#     (the default) and compiled FlexAttention block_causal vs SDPA causal and SDPA
-#     block_causal on 2 Llama-3-8B-shaped blocks, seq 8192.
-# Rehearse on CPU first (the same code paths in tiny sizes; CUDA-only checks say SKIPPED):
-#     bash scripts/bench_gpu.sh --smoke [--checks-only]
-# On the GPU machine:
-#     bash scripts/bench_gpu.sh [--checks-only | --bench-only] [--steps 30 --seq-len 8192 --memory-gib 120]
-# Writes under ${OUT:-.}: gpu_check/gpu_check.{json,txt} (+ logs/ of every run) and
-# bench_gpu.md, bench_attention.md; exits non-zero when a check fails or a benchmark variant
-# does not run (a variant out of memory in bench_attention counts).
+# The prepared session for one GPU, as two commands, each planned to fit 6 minutes on an H200
+# (estimates: neither has run on a GPU yet):
+#     bash scripts/bench_gpu.sh --checks-only   # scripts/gpu_check.py, checks (a)-(k): compiled
+#         vs eager gradients, float8 vs bf16, async_with_pinned_mem resume, determinism, memory
+#         snapshot, dry run vs allocator peak, block_causal training, context-parallel pieces,
+#         a one-rank NCCL FSDP2 + DTensor step, every block_causal kernel vs an explicit masked
+#         computation, a float8 checkpoint loaded without torchao;
+#     bash scripts/bench_gpu.sh --bench-only    # scripts/bench_float8.py (bf16 vs float8
+#         tensorwise, with and without compile, Llama-3-8B-shaped, a fixed 8 blocks: --layers N
+#         to change it) and scripts/bench_attention.py --device cuda.
+# Other arguments go to the script that runs (e.g. --only i,j,k; --steps 20). Each command
+# prints its figures as it goes. Nothing is installed: the checkout's root goes on
+# PYTHONPATH, so a copy of the tree on an offline machine that has torch runs as it is. torchdata
+# and tokenizers must be importable too (torchao for the float8 parts); wheels of missing ones,
+# put in .whl/ at the checkout's root, are unpacked onto the path (no pip, no network).
+# Rehearse on CPU (the same code paths in tiny sizes; CUDA-only checks say SKIPPED):
+#     bash scripts/bench_gpu.sh --smoke --checks-only     bash scripts/bench_gpu.sh --smoke --bench-only
+# Writes under ${OUT:-.}: gpu_check/gpu_check.{json,txt} (+ logs/ of every run), bench_gpu.md,
+# bench_attention.md; exits non-zero when a check fails or a benchmark variant does not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/ensure_installed.sh
-titanlite_ensure_installed "float8" "torch torchao" || { echo "bench_gpu: could not install titanlite[float8]" >&2; exit 1; }
-checks=1 bench=1 smoke=() bench_args=() attention_args=(--device cuda)
+PYTHON="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    deps="${TMPDIR:-/tmp}/titanlite_gpu_deps"
+    for w in .whl/*.whl; do "$PYTHON" -m zipfile -e "$w" "$deps"; done
+    export PYTHONPATH="$PYTHONPATH:$deps"
+fi
+mode="" smoke=() extra=() attention_args=(--device cuda) layers=(--layers 8)
 for a in "$@"; do
     case "$a" in
-        --checks-only) bench=0 ;;
-        --bench-only) checks=0 ;;
-        --smoke) smoke=(--smoke); bench_args+=("$a"); attention_args=(--quick) ;;
-        *) bench_args+=("$a") ;;
+        --checks-only | --bench-only) mode="$a" ;;
+        --smoke) smoke=(--smoke); attention_args=(--quick); layers=() ;;
+        --layers | --layers=*) layers=() ; extra+=("$a") ;;
+        *) extra+=("$a") ;;
     esac
 done
-out="${OUT:-.}"
-if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [[ -z $mode ]]; then
+    echo "bench_gpu: give --checks-only or --bench-only (each fits 6 minutes on one H200: run them as two commands)" >&2
+    exit 2
 fi
-"$PYTHON" -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"
+"$PYTHON" - <<'EOF' || exit 2
+import importlib.util, sys
+missing = [m for m in ("torch", "torchdata", "tokenizers", "numpy") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"bench_gpu: {', '.join(missing)} not importable by {sys.executable}; put their wheels in .whl/ (docs/performance.md)")
+import torch
+ao = importlib.util.find_spec("torchao") is not None
+print(f"torch {torch.__version__}, CUDA {torch.cuda.is_available()}, torchao {'yes' if ao else 'absent: float8 parts SKIPPED'}", flush=True)
+EOF
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+out="${OUT:-.}"
+mkdir -p "$out"
 status=0
 start=$SECONDS
-if [[ $checks == 1 ]]; then
-    "$PYTHON" scripts/gpu_check.py ${smoke[@]+"${smoke[@]}"} --out "$out/gpu_check" || status=1
-    echo "bench_gpu: correctness pass took $((SECONDS - start))s"
-fi
-if [[ $bench == 1 ]]; then
-    "$PYTHON" scripts/bench_float8.py --out "$out/bench_gpu.md" ${bench_args[@]+"${bench_args[@]}"} || status=1
-    echo "bench_gpu: table written to $out/bench_gpu.md"
+if [[ $mode == --checks-only ]]; then
+    "$PYTHON" scripts/gpu_check.py ${smoke[@]+"${smoke[@]}"} --out "$out/gpu_check" \
+        ${extra[@]+"${extra[@]}"} || status=1
+else
+    "$PYTHON" scripts/bench_float8.py ${smoke[@]+"${smoke[@]}"} ${layers[@]+"${layers[@]}"} \
+        --out "$out/bench_gpu.md" ${extra[@]+"${extra[@]}"} || status=1
+    echo "bench_gpu: float8 table written to $out/bench_gpu.md after $((SECONDS - start))s"
     "$PYTHON" scripts/bench_attention.py "${attention_args[@]}" --out "$out/bench_attention.md" || status=1
 fi
-echo "bench_gpu: $((SECONDS - start))s in all, exit $status"
+echo "bench_gpu $mode: $((SECONDS - start))s, exit $status"
 exit $status

@@ -7,7 +7,8 @@ from helpers import ROOT, check, run_python
 pytest.importorskip("torchao")
 
 WORKER = str(ROOT / "tests" / "distributed" / "float8_checkpoint_worker.py")
-PATH = f"{ROOT / 'tests' / 'distributed'}:{ROOT / 'tests'}:{ROOT}"
+# scripts/: the save is the GPU check's (scripts/gpu_check_workers.py).
+PATH = f"{ROOT / 'tests' / 'distributed'}:{ROOT / 'tests'}:{ROOT}:{ROOT / 'scripts'}"
 
 
 def test_float8_fsdp_checkpoint_loads_without_torchao(tmp_path):
