@@ -9,6 +9,7 @@ from state_bytes_worker import write_state_bytes
 
 from titanlite.config import loader as config
 from titanlite.planning.dry_run import plan
+from titanlite.planning.headroom import NCCL_COMMUNICATOR
 
 
 def _shell(*argv: str, **env: str) -> subprocess.CompletedProcess:
@@ -200,23 +201,57 @@ def test_does_not_fit_verdict():
 
 
 def test_verdict_keeps_the_headroom():
-    # FITS must mean "fits with room for what the plan does not count" (CUDA context, NCCL,
-    # fragmentation): a plan 4 GiB under the device size does not fit the default 8 GiB margin.
+    # FITS must mean "fits with room for what the plan does not count" (the CUDA context and
+    # NCCL's buffers): a plan 0.5 GiB under the device size does not fit one process's 1 GiB
+    # (no NCCL communicator: a world of one has no peer), nor 4 GiB under it an explicit 8 GiB.
     job = config.load(["--config", str(DEBUG_CONFIG)])
     total_gib = plan(job, 1).total / 2**30
-    assert plan(job, 1, device_memory_gib=total_gib + 4, headroom_gib=0).fits
-    tight = plan(job, 1, device_memory_gib=total_gib + 4)
-    assert tight.headroom == 8 * 2**30 and not tight.fits
-    assert plan(job, 1, device_memory_gib=total_gib + 8.5).fits
+    assert plan(job, 1, device_memory_gib=total_gib + 0.5, headroom_gib=0).fits
+    tight = plan(job, 1, device_memory_gib=total_gib + 0.5)
+    assert tight.headroom == 2**30 and not tight.fits
+    assert plan(job, 1, device_memory_gib=total_gib + 1.5).fits
+    assert not plan(job, 1, device_memory_gib=total_gib + 4, headroom_gib=8).fits
     proc = _dry("--config", str(DEBUG_CONFIG), "--dry-run.device_memory_gib", "141")
     assert proc.returncode == 0, proc.stderr
-    assert "GiB of 133 GiB usable (141 GiB device - 8 GiB headroom)  -> FITS" in proc.stdout
+    assert "GiB of 140 GiB usable (141 GiB device - 1 GiB headroom)  -> FITS" in proc.stdout
+    assert "headroom: CUDA context 1.00 GiB + 0 NCCL communicator(s)" in proc.stdout
+    proc = _dry("--config", str(DEBUG_CONFIG), "--dry-run.headroom_gib", "8")
+    assert "GiB of 72 GiB usable (80 GiB device - 8 GiB headroom)" in proc.stdout
+    assert "headroom: CUDA context" not in proc.stdout  # the user's figure, not the estimate
     proc = _dry("--config", str(DEBUG_CONFIG), "--dry-run.headroom_gib", "100")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "titanlite: error: --dry-run.headroom_gib 100 must be >= 0 and below "
         "--dry-run.device_memory_gib 80"
     )
+
+
+PP4_TP8 = [
+    *("--parallelism.pipeline_parallel_degree", "4", "--parallelism.tensor_parallel_degree", "8"),
+    *("--training.local_batch_size", "8"),
+]
+
+
+@pytest.mark.parametrize(
+    "preset, world, extra, communicators",
+    [
+        ("llama_8b.toml", 8, [], 1),  # FSDP's mesh is the whole world: the default group's
+        ("llama_70b.toml", 256, [], 4),  # the default group, dp_shard, tp, the flattened dp
+        ("llama_70b.toml", 128, PP4_TP8, 5),  # and pp
+    ],
+)
+def test_headroom_is_the_cuda_context_and_each_nccl_communicator(
+    preset, world, extra, communicators
+):
+    # The communicators are the process groups of more than one rank that the real layout
+    # code creates for this rank (counted under the fake process group), each at NCCL's
+    # default buffers: 32 channels x 2 peers x (Simple 4 MiB + LL128 4.6875 MiB + LL 0.5 MiB).
+    job = config.load(["--config", preset, *extra])
+    p = plan(job, world)
+    assert NCCL_COMMUNICATOR == 588 * 2**20
+    assert p.headroom == 2**30 + communicators * NCCL_COMMUNICATOR
+    assert f"CUDA context 1.00 GiB + {communicators} NCCL communicator(s) x 588 MiB" in p.render()
+    assert plan(job, world, device_type="cpu").headroom == 0  # gloo: no device memory
 
 
 def test_fsdp_bytes_shrink_as_one_over_dp():

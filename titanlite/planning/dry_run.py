@@ -27,6 +27,7 @@ from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
 from titanlite.core.errors import report
 from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
+from titanlite.planning.headroom import communicators, headroom
 from titanlite.preflight.memory import keeps_unsharded_grads, warning_line
 
 if TYPE_CHECKING:
@@ -132,9 +133,10 @@ class Plan:
     tokens_per_rank: int = 0  # tokens of a micro-batch this rank holds (seq / cp of each sequence)
     context_parallel: str = ""  # how the sequence is cut, under context parallel
     memory_budget: str = ""  # the budget and what the plan assumes, under AC by memory budget
-    # Left for what the plan does not count (CUDA context, NCCL and cuBLAS workspaces, the
-    # caching allocator's fragmentation): FITS means total <= device_memory - headroom.
+    # Left for what the plan does not count (the CUDA context, NCCL's buffers): FITS means
+    # total <= device_memory - headroom.
     headroom: int = 0
+    headroom_note: str = ""  # what the headroom is made of, when the plan estimated it
     warnings: list[str] = field(default_factory=list)  # one line each, for stderr
 
     @property
@@ -177,6 +179,8 @@ class Plan:
             f"    {'total':<36} {self.total / GIB:9.2f} GiB of {usable} GiB usable"
             f" ({device} GiB device - {headroom} GiB headroom)  -> {verdict}"
         )
+        if self.headroom_note:
+            lines.append("    " + self.headroom_note)
         if not self.fits:
             top = max(self.bytes, key=lambda name: self.bytes[name])
             remedy = (
@@ -196,13 +200,15 @@ def plan(
     device_memory_gib: float = 80.0,
     device_type: str = "cuda",
     vocab_size: int | None = None,
-    headroom_gib: float = 8.0,
+    headroom_gib: float | None = None,
 ) -> Plan:
     """Build everything a real launch builds, on meta tensors, for `rank` of `world_size`.
     The vocabulary comes from the tokenizer when its file is here, else `vocab_size` (default:
-    the family's, e.g. Llama 3's 128,256)."""
+    the family's, e.g. Llama 3's 128,256). `headroom_gib`: what the verdict keeps free; by
+    default the CUDA context and this rank's NCCL communicators (titanlite/planning/headroom.py)."""
     start = time.perf_counter()
-    pre, built, sizes = _build_on_meta(job, world_size, rank, device_type, vocab_size)
+    pre, built, sizes, n_comms = _build_on_meta(job, world_size, rank, device_type, vocab_size)
+    kept = headroom(device_type, n_comms)
     dims, t = pre.dims, job.training
     act, pipeline, batch = _activations(job, pre, built, rank, device_type)
     unsharded = _fsdp_unsharded(job, pre, built)
@@ -230,7 +236,8 @@ def plan(
         tokens_per_step=tokens,
         flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
         device_memory=int(device_memory_gib * GIB),
-        headroom=int(headroom_gib * GIB),
+        headroom=kept.bytes if headroom_gib is None else int(headroom_gib * GIB),
+        headroom_note=kept.describe() if headroom_gib is None else "",
         bytes=sizes,
         seconds=time.perf_counter() - start,
         float8=built.float8_plan.describe() if built.float8_plan is not None else None,
@@ -264,9 +271,10 @@ def _notes(job: JobConfig, pre: Preflight, built: BuiltModel, batch: int) -> tup
 
 def _build_on_meta(
     job: JobConfig, world_size: int, rank: int, device_type: str, vocab_size: int | None
-) -> tuple[Preflight, BuiltModel, dict[str, int]]:
-    """(the preflight record, the built model, its per-rank state bytes): the checks, model,
-    parallelization and optimizer of a real launch, on meta tensors under a fake process group."""
+) -> tuple[Preflight, BuiltModel, dict[str, int], int]:
+    """(the preflight record, the built model, its per-rank state bytes, the rank's NCCL
+    communicators): the checks, model, parallelization and optimizer of a real launch, on meta
+    tensors under a fake process group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from titanlite.build import assemble as build
@@ -290,9 +298,10 @@ def _build_on_meta(
         twin = _create_optimizer_state(built.model, optimizer)
         sizes = state_bytes(built.model, twin)
         sizes["buffers (RoPE table)"] = tensors_bytes(built.model.buffers())
+        n_comms = communicators()
     finally:
         dist.destroy_process_group()
-    return pre, built, sizes
+    return pre, built, sizes, n_comms
 
 
 def _activations(
@@ -426,11 +435,11 @@ def main(argv: list[str] | None = None) -> int:
             world = int(opts.get("world_size", default_world))
             rank = int(opts.get("rank", 0))
             memory = float(opts.get("device_memory_gib", 80))
-            headroom = float(opts.get("headroom_gib", 8))
+            headroom = float(opts["headroom_gib"]) if "headroom_gib" in opts else None
             vocab = int(opts["vocab_size"]) if "vocab_size" in opts else None
         except ValueError as e:
             raise config_lib.ConfigError(f"command line: --dry-run option: {e}") from None
-        if not 0 <= headroom < memory:
+        if headroom is not None and not 0 <= headroom < memory:
             raise config_lib.ConfigError(
                 f"--dry-run.headroom_gib {headroom:g} must be >= 0 and below "
                 f"--dry-run.device_memory_gib {memory:g}"
