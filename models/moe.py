@@ -17,8 +17,8 @@ Load balancing, chosen by `load_balance`:
 - "expert_bias": DeepSeek-V3's auxiliary-loss-free bias. A per-expert bias is added to the
   scores for choosing the experts only (the weights stay the router's); after each step it moves
   by `bias_update_rate` towards balance, from the step's tokens-per-expert counts summed over the
-  ranks that saw different tokens (`update_expert_bias`, which the trainer calls before the
-  optimizer step with its sum over those ranks). The bias is a persistent buffer: checkpoints
+  ranks that saw different tokens (`finish_step`, which the trainer calls before the optimizer
+  step with its sum over those ranks). The bias is a persistent buffer: checkpoints
   carry it; a Hugging Face Qwen3 export has no place for it and drops it.
 - "aux_loss": the Switch-Transformer load-balancing loss, coefficient `aux_loss_coef` (Qwen3's
   `router_aux_loss_coef`), per MoE layer and per sequence: E * sum_e f_e * P_e with f_e the
@@ -32,8 +32,9 @@ Load balancing, chosen by `load_balance`:
 - "none".
 
 Statistics: each MoE layer adds its tokens-per-expert counts into `tokens_per_expert` (a
-buffer, never read by the host in the step) until `update_expert_bias` or `take_load` resets
-it; `imbalance` turns counts into the max/mean load figure the metrics log.
+buffer, never read by the host in the step); `finish_step` sums them over the data-parallel
+ranks into `step_load`, the step's global load, which `imbalance` turns into the max/mean
+figure the metrics log.
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ def sequence_aux_loss(scores: torch.Tensor, chosen: torch.Tensor, sequences: int
     """The Switch load-balancing loss of each sequence, averaged over the sequences: scores
     (tokens, E) float32, chosen (tokens, k); the tokens are `sequences` sequences in order."""
     num_experts = scores.shape[-1]
-    routed = torch.zeros_like(scores).scatter_add_(-1, chosen, torch.ones_like(scores[:, :1]).expand_as(chosen))
+    routed = torch.zeros_like(scores).scatter_add_(
+        -1, chosen, torch.ones_like(scores[:, :1]).expand_as(chosen)
+    )
     share = routed.view(sequences, -1, num_experts).mean(1)  # routed to e per token, k in all
     probability = scores.view(sequences, -1, num_experts).mean(1)
     return num_experts * (share * probability).sum(-1).mean()
@@ -170,9 +173,9 @@ class MoE(nn.Module):
         self.shared_experts = (
             FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim else None
         )
-        self.register_buffer(
-            "tokens_per_expert", torch.zeros(args.num_experts, dtype=torch.int64), persistent=False
-        )
+        for name in ("tokens_per_expert", "step_load"):  # this step's so far; the last step's
+            counts = torch.zeros(args.num_experts, dtype=torch.int64)
+            self.register_buffer(name, counts, persistent=False)
         # Set by the trainer (set_aux_loss_weight): the objective is a mean over its step's
         # sequences, this forward holding x.shape[0] of them.
         self.sequences_per_step = 1
@@ -204,6 +207,8 @@ class MoE(nn.Module):
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:
         self.router.init_weights(f"{key}.router", seed)
+        self.tokens_per_expert.zero_()
+        self.step_load.zero_()
         self.experts.init_weights(f"{key}.experts", seed, out_std)
         if self.shared_experts is not None:
             self.shared_experts.init_weights(f"{key}.shared_experts", seed, out_std)
@@ -223,30 +228,24 @@ def set_aux_loss_weight(model: nn.Module, sequences_per_step: int) -> None:
 
 
 @torch.no_grad()
-def update_expert_bias(
-    model: nn.Module, global_sum: Callable[[torch.Tensor], torch.Tensor]
-) -> None:
-    """After a step's backward, before its optimizer step: move every expert_bias layer's bias
-    by bias_update_rate towards balance (up for the under-loaded experts, down for the over-
-    loaded), from the step's counts summed by `global_sum` over the ranks that saw different
-    tokens; then reset the counts. One collective for all layers, on the device."""
-    layers = [layer for _, layer in moe_layers(model) if layer.args.load_balance == "expert_bias"]
+def finish_step(model: nn.Module, global_sum: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """After a step's backward, before its optimizer step: the step's tokens-per-expert counts,
+    summed by `global_sum` over the ranks that saw different tokens (one collective for all
+    layers, on the device), become each layer's `step_load`; each expert_bias layer moves its
+    bias by bias_update_rate towards balance (up for the under-loaded experts, down for the
+    over-loaded); the counts restart."""
+    layers = [layer for _, layer in moe_layers(model)]
     if not layers:
         return
-    counts = global_sum(torch.stack([layer.tokens_per_expert for layer in layers])).float()
-    for layer, load in zip(layers, counts):
-        bias = layer.router.expert_bias
-        bias += layer.args.bias_update_rate * torch.sign(load.mean() - load)
+    loads = global_sum(torch.stack([layer.tokens_per_expert for layer in layers]))
+    for layer, load in zip(layers, loads):
+        layer.step_load.copy_(load)
         layer.tokens_per_expert.zero_()
-
-
-def take_load(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Each MoE layer's tokens-per-expert counts since the last reset (then reset), by name."""
-    loads = {}
-    for name, layer in moe_layers(model):
-        loads[name] = layer.tokens_per_expert.clone()
-        layer.tokens_per_expert.zero_()
-    return loads
+        if layer.args.load_balance == "expert_bias":
+            load = load.float()
+            layer.router.expert_bias += layer.args.bias_update_rate * torch.sign(
+                load.mean() - load
+            )
 
 
 def imbalance(counts: torch.Tensor) -> torch.Tensor:

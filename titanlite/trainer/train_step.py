@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from models.moe import finish_step, moe_layers
 from parallelisms.context_parallel import SequenceShards
 from parallelisms.tensor_parallel import loss_context
 from titanlite.components.loss import IGNORE_INDEX, LocalBatch, local_batch, model_kwargs
@@ -70,6 +71,7 @@ class TrainStep:
         self.max_norm, self.nonfinite = max_norm, nonfinite
         self.sync_last_microbatch_only = sync_last_microbatch_only
         self.params = [q for q in model.parameters() if q.requires_grad]
+        self.has_moe = any(True for _ in moe_layers(model))
 
     def __call__(self, microbatches: list[Microbatch]) -> StepOutput:
         self.optimizer.zero_grad(set_to_none=True)
@@ -83,6 +85,8 @@ class TrainStep:
             loss_sum += self.forward_backward(batch, scale, last=i == len(batches) - 1)
         loss_sum = self.share_loss(loss_sum)
         grad_norm = clip_grad_norm_(self.params, self.max_norm, pp_group=self.pp_group)
+        if self.has_moe:  # the step's expert load over data-parallel ranks; the expert bias
+            finish_step(self.model, self.global_sum)
         lr = float(self.lr_scheduler.get_last_lr()[0])
         self.nonfinite.step_optimizer(self.optimizer, self.step(), grad_norm)
         self.lr_scheduler.step()

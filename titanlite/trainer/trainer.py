@@ -16,6 +16,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from models.attention import choose_kernel
+from models.moe import set_aux_loss_weight
 from titanlite.build import assemble as build
 from titanlite.build.options import pipeline_options
 from titanlite.components.checkpoint.manager import CheckpointManager
@@ -42,6 +44,7 @@ from titanlite.core.logging import logger
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
 from titanlite.preflight import checks as preflight
 from titanlite.trainer import callbacks as cb
+from titanlite.trainer.callbacks.metrics import moe_figures
 from titanlite.trainer.pipeline_step import PipelineStep
 from titanlite.trainer.train_step import Microbatch, PipelineTrainStep, TrainStep
 from titanlite.trainer.validate import ValidationData, Validator
@@ -166,6 +169,8 @@ class Trainer:
         self.optimizer = build.build_optimizer(job, built)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, job.lr_scheduler, t.steps)
         self.grad_accum_steps = pre.grad_accum_steps
+        # Each forward's MoE auxiliary loss weighs its share of the rank's sequences per step.
+        set_aux_loss_weight(self.model, job.training.local_batch_size * self.grad_accum_steps)
         self.train_state = TrainState()
         self.nonfinite = NonFiniteGuard(t.skip_nonfinite_steps)
         self.train_step = self._build_train_step(built, amp)
@@ -354,8 +359,11 @@ class Trainer:
             self.nonfinite.failing,
         )
         preemption = cb.PreemptionAgreement(stop, saver, job.checkpoint.enable_checkpoint, steps)
+        extra = dict
+        if getattr(self.pre.model_args, "moe", None) is not None:
+            extra = partial(moe_figures, self.model, self.global_mean, self.train_step.pp_group)
         metrics = cb.MetricsLogging(
-            self.metrics, self.global_mean, self.nonfinite, lambda: self.train_state.step
+            self.metrics, self.global_mean, self.nonfinite, lambda: self.train_state.step, extra
         )
         callbacks += [
             cb.HFInitialLoad(ckpt, self.model, self.pre.model_args),

@@ -12,7 +12,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import (
 )
 
 from models.initialization import fill_trunc_normal_
-from models.moe import MoE, MoEArgs, imbalance, set_aux_loss_weight, take_load, update_expert_bias
+from models.moe import MoE, MoEArgs, finish_step, imbalance, set_aux_loss_weight
 
 DIM, HIDDEN, EXPERTS, TOP_K = 32, 16, 8, 2
 
@@ -133,10 +133,10 @@ def test_expert_bias_steers_the_choice_not_the_weights_and_moves_towards_balance
     layer(x)
     load = layer.tokens_per_expert.clone()
     assert load.sum() == 4 * 16 * TOP_K
-    update_expert_bias(layer, lambda t: t * 2)  # as if a second rank saw the same tokens
+    finish_step(layer, lambda t: t * 2)  # as if a second rank saw the same tokens
     bias = layer.router.expert_bias
     assert torch.equal(bias, 0.01 * torch.sign(load.float().mean() - load.float()))
-    assert layer.tokens_per_expert.sum() == 0
+    assert layer.tokens_per_expert.sum() == 0 and torch.equal(layer.step_load, 2 * load)
     # A large bias on expert 0 makes every token choose it, with the router's own weight.
     with torch.no_grad():
         bias.zero_()
@@ -147,12 +147,12 @@ def test_expert_bias_steers_the_choice_not_the_weights_and_moves_towards_balance
     torch.testing.assert_close(weights, picked / picked.sum(-1, keepdim=True))
 
 
-def test_load_is_taken_once_and_imbalance_is_max_over_mean():
+def test_the_steps_load_is_kept_for_the_metrics_and_imbalance_is_max_over_mean():
     layer = moe()
     layer(torch.randn(2, 8, DIM))
-    loads = take_load(layer)
-    assert list(loads) == [""] and loads[""].sum() == 2 * 8 * TOP_K
-    assert layer.tokens_per_expert.sum() == 0
+    finish_step(layer, lambda t: t)
+    assert layer.step_load.sum() == 2 * 8 * TOP_K and layer.tokens_per_expert.sum() == 0
+    assert torch.equal(layer.router.expert_bias, torch.zeros(EXPERTS))  # not an expert_bias layer
     assert imbalance(torch.tensor([2, 2, 2, 2])) == 1
     assert imbalance(torch.tensor([8, 0, 0, 0])) == 4
 

@@ -101,7 +101,11 @@ TB_TAGS = {
     "grad_norm": "optim/grad_norm",
     "val_loss": "loss/validation",
     "skipped_steps": "optim/skipped_steps",
+    "moe_aux_loss": "moe/aux_loss",
+    "moe_imbalance_max": "moe/imbalance_max",
 }
+# metrics.jsonl key of a {name: value} figure -> the TensorBoard tag its names go under.
+TB_GROUPS = {"moe_imbalance": "moe/imbalance"}
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -214,6 +218,7 @@ class MetricsLogger:
         lr: float,
         val_loss: float | None = None,
         skipped_steps: int = 0,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         now = time.perf_counter()
         window = self.clock.window
@@ -238,6 +243,7 @@ class MetricsLogger:
         }
         if val_loss is not None:  # only on the steps that validated
             record["val_loss"] = val_loss
+        record.update(extra or {})
         if self.pp_group is not None:
             # Pipeline stages hold different layers, activations and micro-batches in flight:
             # each stage's peak (its first-ranked process's, pp ranks ordered by stage).
@@ -271,6 +277,11 @@ class MetricsLogger:
             )
             + f"data {r['data_loading_pct']:.1f}%  eta {eta_text(eta)}"
             + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
+            + (
+                f"  moe imbalance {r['moe_imbalance_max']:.2f}"
+                if "moe_imbalance_max" in r
+                else ""
+            )
         )
         if self.jsonl is not None:
             # Strict JSON: a non-finite figure (a skipped step's loss) is null, not NaN.
@@ -278,6 +289,8 @@ class MetricsLogger:
         scalars = {tag: r[key] for key, tag in TB_TAGS.items() if r.get(key) is not None}
         for stage, gib in enumerate(r.get("memory_gib_stages", [])):
             scalars[f"memory/stage{stage}_peak_gib"] = gib
+        for key, prefix in TB_GROUPS.items():
+            scalars.update({f"{prefix}/{name}": v for name, v in r.get(key, {}).items()})
         if self.tb is not None:
             for tag, value in scalars.items():
                 self.tb.add_scalar(tag, value, r["step"])

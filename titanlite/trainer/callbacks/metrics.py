@@ -6,6 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+from torch import nn
+
+from models.moe import imbalance, moe_layers
 
 from titanlite.components.metrics.logger import MetricsLogger
 from titanlite.components.nonfinite import NonFiniteGuard
@@ -20,10 +24,12 @@ class MetricsLogging(Callback):
         global_mean: Callable[[torch.Tensor], float],
         nonfinite: NonFiniteGuard,
         step: Callable[[], int],
+        extra: Callable[[], dict] = dict,
     ):
-        """`step()`: the step reached (the resumed one when no step was trained)."""
+        """`step()`: the step reached (the resumed one when no step was trained); `extra()`:
+        more figures for the record (the MoE layers')."""
         self.metrics, self.global_mean, self.nonfinite = metrics, global_mean, nonfinite
-        self.step = step
+        self.step, self.extra = step, extra
         self.records: list[dict] = []  # what was logged, step by step
 
     def post_train_batch(self, step: int, out: StepOutput, val_loss: float | None) -> None:
@@ -39,8 +45,37 @@ class MetricsLogging(Callback):
                 out.lr,
                 val_loss,
                 skipped_steps=self.nonfinite.skipped,
+                extra=self.extra(),
             )
             self.records.append(record)
 
     def post_train(self) -> None:
         self.metrics.log_goodput(self.step())
+
+
+def moe_figures(
+    model: nn.Module, global_mean: Callable[[torch.Tensor], float], pp_group=None
+) -> dict:
+    """Each MoE layer's max/mean tokens per expert in the last step (its load over every
+    data-parallel rank), the largest of them, and the auxiliary loss's mean over layers and
+    data-parallel ranks; with pipeline stages, every stage's layers. Collective (every rank of
+    the step calls it) and host-reading: for the steps that log."""
+    layers = [(_clean(name), layer) for name, layer in moe_layers(model)]
+    figures = {name: float(imbalance(layer.step_load)) for name, layer in layers}
+    aux = [layer.last_aux_loss for _, layer in layers if layer.last_aux_loss is not None]
+    aux_losses = [global_mean(torch.stack(aux).mean())] if aux else []
+    if pp_group is not None:
+        stages: list = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(stages, (figures, aux_losses), group=pp_group)
+        figures = {k: v for stage_figures, _ in stages for k, v in stage_figures.items()}
+        aux_losses = [a for _, stage_aux in stages for a in stage_aux]
+    record: dict = {"moe_imbalance": figures, "moe_imbalance_max": max(figures.values())}
+    if aux_losses:
+        record["moe_aux_loss"] = sum(aux_losses) / len(aux_losses)
+    return record
+
+
+def _clean(name: str) -> str:
+    """A layer's name without the wrappers' parts (activation checkpointing, compile)."""
+    wrappers = ("_checkpoint_wrapped_module", "_orig_mod")
+    return ".".join(part for part in name.split(".") if part not in wrappers)
