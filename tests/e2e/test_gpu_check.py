@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,9 @@ def _checkout_files() -> list[str]:
     return [f for f in out.split("\0") if f and (ROOT / f).is_file()]
 
 
-def _python_without_titanlite(where: Path) -> Path:
+def _python_without_titanlite(where: Path, hide: tuple[str, ...] = ()) -> Path:
     """A venv whose site-packages links to every entry of this Python's, except titanlite's
-    editable install (its .pth finder and metadata) and pip."""
+    editable install (its .pth finder and metadata), pip and the packages named in `hide`."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     ours = Path(sysconfig.get_paths()["purelib"])
     theirs = Path(
@@ -45,7 +46,7 @@ def _python_without_titanlite(where: Path) -> Path:
     )
     for entry in ours.iterdir():
         name = entry.name.lower()
-        if "titanlite" in name or name.startswith(("pip", "__editable__")):
+        if "titanlite" in name or name.startswith(("pip", "__editable__", *hide)):
             continue
         (theirs / entry.name).symlink_to(entry)
     return where / "bin" / "python"
@@ -137,3 +138,32 @@ def test_bench_gpu_needs_one_half(bare, tmp_path):
         "bench_gpu: give --checks-only or --bench-only (each fits 6 minutes on one H200: run "
         "them as two commands)"
     ]
+
+
+def test_missing_dependency_is_one_line_and_a_carried_wheel_serves(bare, tmp_path):
+    """The device machine may lack torchdata: bench_gpu says so in one line (exit 2); its wheel
+    in .whl/ is unpacked onto the path, without pip."""
+    repo, env = bare
+    python = _python_without_titanlite(tmp_path / "venv", hide=("torchdata",))
+    env = {**env, "PYTHON": str(python), "TMPDIR": str(tmp_path)}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env['PATH']}"
+    # An unknown check stops gpu_check at its argument parsing, after the dependency check.
+    cmd = ["bash", "scripts/bench_gpu.sh", "--smoke", "--checks-only", "--only", "zz"]
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"bench_gpu: torchdata not importable by {python}; put their wheels in .whl/ "
+        "(docs/performance.md)"
+    ]
+    wheels = repo / ".whl"
+    wheels.mkdir()
+    source = Path(sysconfig.get_paths()["purelib"]) / "torchdata"
+    with zipfile.ZipFile(wheels / "torchdata-0-py3-none-any.whl", "w") as whl:
+        for f in source.rglob("*.py"):
+            whl.write(f, f.relative_to(source.parent))
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(wheels)
+    assert proc.stdout.startswith("torch "), proc.stderr  # the dependency check passed
+    assert "--only: unknown ['zz']" in proc.stderr
