@@ -59,6 +59,8 @@ WORLD2 = {
     "qwen3_tp2": {"family": "qwen3", "tp": 2},
     "qwen3_tied_fsdp2": {"family": "qwen3", "dp_shard": 2, "model": TIED},
     "qwen3_tied_tp2": {"family": "qwen3", "tp": 2, "model": TIED},
+    "qwen3_pp2": {"family": "qwen3", "pp": 2},
+    "qwen3_cp2_documents": {"family": "qwen3", "cp": 2, "model": DOCUMENTS},
 }
 WORLD4 = {
     "fsdp4": {"dp_shard": 4},
@@ -81,6 +83,7 @@ WORLD4 = {
     "cp2_tp2": {"cp": 2, "tp": 2},
     "cp2_tp2_ac_op": {"cp": 2, "tp": 2, "opts": AC_OP},
     "pp2_cp2": {"pp": 2, "cp": 2},
+    "qwen3_tied_fsdp2_tp2": {"family": "qwen3", **FSDP2_TP2, "model": TIED},
 }
 
 
