@@ -74,3 +74,32 @@ def write_kept_bytes(rank: int, world_size: int, out: str, argv: list[str]) -> N
             json.dump({"unsynced": unsynced, "synced": synced}, f)
     finally:
         trainer.close()
+
+
+def write_pipeline_kept_bytes(rank: int, world_size: int, out: str, argv: list[str]) -> None:
+    """The same account under pipeline parallel, where torch's stage syncs once per step: taken
+    when the schedule calls the stage's perform_reduce_grad, after every micro-batch's backward
+    and before the reduce-scatter."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    job, pre = preflight.run(argv, world_size)
+    trainer = Trainer(job, pre)
+    reduce_grad = _PipelineStageBase.perform_reduce_grad
+    try:
+        data = iter(trainer.dataloader)
+        trainer.train_step(trainer.next_microbatches(data))
+        microbatches = trainer.next_microbatches(data)
+        taken = []
+
+        def account_then_reduce(stage, *args, **kwargs):
+            taken.append(new.live_bytes())
+            return reduce_grad(stage, *args, **kwargs)
+
+        _PipelineStageBase.perform_reduce_grad = account_then_reduce  # type: ignore[method-assign]
+        with NewStorages() as new:
+            trainer.train_step(microbatches)
+        with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
+            json.dump({"before_reduce": taken}, f)
+    finally:
+        _PipelineStageBase.perform_reduce_grad = reduce_grad  # type: ignore[method-assign]
+        trainer.close()

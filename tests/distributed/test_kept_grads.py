@@ -6,7 +6,7 @@ import json
 
 import pytest
 from helpers import TINY_RUN, dry_run, preflight, spawn
-from kept_grads_worker import write_kept_bytes
+from kept_grads_worker import write_kept_bytes, write_pipeline_kept_bytes
 
 from titanlite.config import loader as config
 from titanlite.planning.dry_run import KEPT_GRADS, plan
@@ -46,16 +46,21 @@ def test_every_unsharded_gradient_counts_in_the_reduce_dtype():
     [
         ["--training.global_batch_size", "32"],  # syncing every micro-batch (the default)
         NO_SYNC,  # one micro-batch: nothing to keep between micro-batches
-        # Pipeline parallel: its schedule, not this option, decides when FSDP syncs.
-        [
-            *("--training.global_batch_size", "32", "--training.local_batch_size", "2"),
-            *(*NO_SYNC, "--parallelism.pipeline_parallel_degree", "2"),
-        ],
     ],
 )
 def test_not_counted_when_nothing_is_kept(args):
     p = _plan(*args)
     assert KEPT_GRADS not in p.bytes and not p.warnings
+
+
+def test_pipeline_stages_keep_them_whatever_the_option():
+    # torch's pipeline schedule syncs once per step (PipelineStage.perform_reduce_grad), so a
+    # stage keeps its unsharded gradients with the option's default and one micro-batch of
+    # gradient accumulation too. No warning: the option does not change it.
+    pp = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "2"]
+    first, last = (plan(config.load(["--config", "llama_8b.toml", *pp]), 8, rank=r) for r in (0, 4))
+    assert first.bytes[KEPT_GRADS] + last.bytes[KEPT_GRADS] == LLAMA_8B_PARAMS * 4
+    assert not first.warnings
 
 
 def test_one_warning_line_in_the_dry_run_and_in_preflight():
@@ -113,3 +118,20 @@ def test_the_dry_run_counts_what_a_real_run_keeps(tmp_path, param_dtype):
         assert real["unsynced"] == predicted[KEPT_GRADS], (rank, real, predicted[KEPT_GRADS])
         # After the last micro-batch's reduce-scatter only the sharded gradients are left.
         assert real["synced"] == predicted["gradients"], (rank, real)
+
+
+def test_pipeline_stages_keep_what_the_dry_run_counts(tmp_path):
+    # PP 2 x FSDP 2 on four gloo ranks, four pipeline micro-batches, the option at its default.
+    # Before the stage's reduce-scatter: the stage's unsharded gradients, plus the pipeline's
+    # activation-sized buffers (64 KiB per micro-batch's hidden states here; not gradients).
+    args = [
+        *TINY_RUN,
+        *("--training.local_batch_size", "4", "--parallelism.pipeline_parallel_degree", "2"),
+        *("--job.dump_folder", str(tmp_path)),
+    ]
+    spawn(write_pipeline_kept_bytes, 4, str(tmp_path / "kept"), args)
+    job = config.load(args)
+    for rank in range(4):
+        (real,) = json.loads((tmp_path / f"kept.rank{rank}.json").read_text())["before_reduce"]
+        kept = plan(job, 4, rank=rank, device_type="cpu").bytes[KEPT_GRADS]
+        assert kept <= real <= kept * 1.02, (rank, real, kept)

@@ -218,6 +218,11 @@ def plan(
     if keeps_unsharded_grads(job, pre.dims, pre.grad_accum_steps):
         sizes[KEPT_GRADS] = _kept_unsharded_grads(built)
         warnings.append(warning_line(job, pre.grad_accum_steps, sizes[KEPT_GRADS]))
+    elif dims.pp_enabled and dims.fsdp_enabled:
+        # torch's pipeline stages run every backward with the sync off and reduce-scatter once
+        # after the last (PipelineStage.perform_reduce_grad): the same gradients, whatever
+        # the option and the number of micro-batches.
+        sizes[KEPT_GRADS] = _kept_unsharded_grads(built)
     sizes["activations (saved)"] = act.blocks + act.outside
     sizes["activations (recompute + loss grad)"] = act.recompute + act.loss_backward
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
@@ -346,13 +351,10 @@ def _fsdp_unsharded(job: JobConfig, pre: Preflight, built: BuiltModel) -> int | 
         return None
     if dims.pp_enabled and job.parallelism.fsdp_reshard_after_forward != "always":
         # A stage's gathered parameters stay until the step's last backward (the family's
-        # parallelize does not reshard under pipeline parallel): all of them, plus the largest
-        # gradient.
+        # parallelize does not reshard under pipeline parallel): all of them, plus the newest
+        # gradient in the compute dtype before FSDP casts it into the kept ones (KEPT_GRADS).
         numels = [p.numel() for p in built.model.parameters()]  # DTensor: the full size
-        return int(
-            sum(numels) * compute_bytes / dims.tp
-            + max(numels) * (compute_bytes + opts.reduce_dtype.itemsize) / dims.tp
-        )
+        return int((sum(numels) + max(numels)) * compute_bytes / dims.tp)
     blocks = list(cast(torch.nn.ModuleDict, built.model.layers).values())
     block = sum(p.numel() for p in blocks[0].parameters()) if blocks else 0  # DTensor: full size
     return fsdp_transient_bytes(
