@@ -110,6 +110,22 @@ def family_of_hf_config(cfg: dict[str, Any]) -> ModelFamily:
     return get_family(DEFAULT_FAMILY)
 
 
+# [model] keys that are not a family's hyper-parameters: every family takes them.
+_NOT_ARGS = {"name", "flavor", "tokenizer_path", "converters", "print_after_conversion"}
+
+
+def foreign_model_keys(job: JobConfig) -> list[str]:
+    """The [model] keys set away from their default that the family's args have no field for
+    (Llama's multiple_of for a Qwen3 model): `model_args` would drop them silently."""
+    m, default = job.model, type(job.model)()
+    own = {f.name for f in dataclasses.fields(get_family(m.name).model.flavors[m.flavor])}
+    return [
+        k
+        for k, v in vars(m).items()
+        if k not in own and k not in _NOT_ARGS and v != getattr(default, k)
+    ]
+
+
 def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> Any:
     """The model's hyper-parameters: the family's flavor with every [model] key that its args
     dataclass also has (None keeps the flavor's value), the tokenizer's vocabulary and BOS id (-1

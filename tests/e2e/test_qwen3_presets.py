@@ -22,3 +22,10 @@ def test_a_tied_flavor_under_pipeline_parallel_is_one_line():
         "2",
     )
     expect_one_line(proc, 2, "model.flavor = '0.6B' ties its output head to the embedding")
+
+
+def test_a_llama_only_model_key_for_qwen3_is_one_line_not_ignored():
+    proc = dry_run(
+        "--config", "qwen3_8b.toml", "--dry-run.world_size", "8", "--model.multiple_of", "512"
+    )
+    expect_one_line(proc, 2, "[model] multiple_of = 512 is no hyper-parameter of qwen3 models")

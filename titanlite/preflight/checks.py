@@ -73,13 +73,18 @@ def check_model(job: JobConfig, vocab_size: int | None) -> tuple[Path, Tokenizer
     """The flavor, the tokenizer (None when a dry run's `vocab_size` stands in for it), the
     sequence length and the model's arguments."""
     from titanlite.data import Tokenizer, resolve_tokenizer_path
-    from titanlite.families import get_family, model_args
+    from titanlite.families import foreign_model_keys, get_family, model_args
 
     spec = get_family(job.model.name).model
     if job.model.flavor not in spec.flavors:
         raise ConfigError(
             f"[model] flavor = {job.model.flavor!r}: unknown for {job.model.name}; "
             f"expected one of {', '.join(spec.flavors)}"
+        )
+    for key in foreign_model_keys(job):
+        raise ConfigError(
+            f"[model] {key} = {getattr(job.model, key)!r} is no hyper-parameter of "
+            f"{job.model.name} models (it would be ignored); remove it"
         )
     tokenizer, bos_id = None, -1
     if vocab_size is None:
