@@ -42,6 +42,17 @@ class Meshes:
             raise ValueError(f"no {name} submesh in this layout")
         return mesh
 
+    def dp_groups(self) -> list[list[int]]:
+        """The global ranks of every data-parallel group of the world, each in dp order: one
+        group per combination of the other dims' coordinates ([] without data parallelism)."""
+        if self.dp is None:
+            return []
+        names = self.world.mesh_dim_names or ()
+        dp_dims = [i for i, n in enumerate(names) if n.startswith("dp_")]
+        others = [i for i in range(len(names)) if i not in dp_dims]
+        ranks = self.world.mesh.permute(*others, *dp_dims)
+        return ranks.reshape(-1, self.dp.size()).tolist()
+
     def groups(self) -> list[dist.ProcessGroup]:
         """Every process group of this rank's meshes (one per world dim, and the flattened dp)."""
         found = [self.world.get_group(i) for i in range(self.world.ndim)]

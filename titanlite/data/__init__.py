@@ -73,10 +73,12 @@ def build_dataloader(
     seed: int,
     text_field: str = "text",
     tokenize_group: Any = None,
+    prefetch: bool = True,
 ) -> Any:
     """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank.
     `tokenize_group`: the process group that shares tokenizing a text stream (PackedTextDataset);
-    prepared shards need none."""
+    prepared shards need none. `prefetch`: the text reader reads and tokenizes on a thread of
+    its own (the loader itself has no worker process: the reader's exchange is a collective)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from titanlite.data.shard_dataset import ShardWindowDataset
@@ -96,6 +98,7 @@ def build_dataloader(
             seed,
             text_field,
             tokenize_group,
+            prefetch,
         )
     # torchdata 0.11 calls a torch API that torch now flags as deprecated: noise for users.
     warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")

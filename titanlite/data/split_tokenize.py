@@ -14,6 +14,13 @@ next to tokenizing) and receive the stream's ids (4 bytes a token).
 
 The group's ranks must call `encode` in the same order with the same texts; the reader does,
 because every rank cuts the same windows from the same stream.
+
+The group is one data-parallel group (`exchange_group`): the ranks that read different sequences
+and share every other coordinate (tensor, context, pipeline). It holds one rank per
+data-parallel index, so together its ranks tokenize the stream once and each its own share;
+ranks that read the same sequences (a tensor-parallel group) are in different exchange groups
+and never wait for each other. It is a gloo group of its own, not the default one nor a mesh's:
+the reader's thread exchanges on it while the training thread runs its collectives.
 """
 
 from __future__ import annotations
@@ -73,3 +80,15 @@ class SplitTokenizer:
         dist.all_gather(parts, padded, group=self.group)
         self.exchanges += 1
         return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes)]).tolist()
+
+
+def exchange_group(dp_groups: list[list[int]]) -> dist.ProcessGroup | None:
+    """This rank's gloo group among `dp_groups` (the global ranks of every data-parallel group:
+    every rank passes the same lists, and creates all of them, as torch requires); None when
+    there are no data-parallel peers to share with."""
+    if not dp_groups or len(dp_groups[0]) < 2:
+        return None
+    mine, _ = dist.new_subgroups_by_enumeration(
+        dp_groups, backend="gloo", group_desc="text_reader_exchange"
+    )
+    return mine

@@ -7,16 +7,24 @@ document framed by BOS/EOS, concatenated and cut into non-overlapping windows of
 shared between data-parallel ranks by `RankSplit`, so the global batch of a step is the same set
 of windows whatever the data-parallel degree, and the loader's state at a step boundary is the
 same on every rank (and resumes onto another degree exactly).
-Tokenizing it is shared: given the run's process group, each rank tokenizes 1/world of every
-batch of documents and the ids are all-gathered (`SplitTokenizer`), so a rank's tokenizing work is
-its own share whatever the data-parallel degree (every rank still reads and parses every record).
+Tokenizing it is shared: given a group of the ranks that read different sequences (the trainer
+makes one gloo group per data-parallel group), each rank tokenizes 1/dp of every batch of
+documents and the ids are all-gathered within that group (`SplitTokenizer`), so a rank's
+tokenizing work is its own share whatever the data-parallel degree (every rank still reads and
+parses every record). Reading, tokenizing and the exchange run on a thread of their own
+(`DocumentReader` under a `Prefetcher`), a few refills ahead of the training thread, which only
+cuts windows from the ids; the checkpointed position is the training thread's, so reading ahead
+changes nothing about resume.
 The BOS framing is also what block_causal attention reads document boundaries from.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +33,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from titanlite.data.documents import DatasetError, SkippedRecords, iter_documents
+from titanlite.data.prefetch import Prefetcher
 from titanlite.data.rank_split import RankSplit
 from titanlite.data.split_tokenize import SplitTokenizer
 from titanlite.data.tokenizer import Tokenizer
@@ -33,6 +42,78 @@ _TOKENIZE_BATCH_CHARS = 1 << 18  # text gathered per encode_batch call
 # A group tokenizes this many batches' worth at a time (one exchange each, so fewer of them),
 # capped so that the buffer of ids not yet cut into windows (and checkpointed) stays small.
 _MAX_BATCHES_PER_EXCHANGE = 8
+
+
+@dataclass(frozen=True)
+class Refill:
+    """The ids of the next documents, and the reader's position after them."""
+
+    ids: list[int]
+    epoch: int
+    file_idx: int
+    record_idx: int
+    skipped: int
+    examples: tuple[str, ...]
+
+
+class DocumentReader:
+    """Reads and tokenizes the global stream from a position, about `fill_chars` of text per
+    `next_refill()`, wrapping around to a new epoch at the end of the data."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        seed: int,
+        text_field: str,
+        encoder: SplitTokenizer,
+        fill_chars: int,
+        position: tuple[int, int, int],
+        skipped: SkippedRecords,
+    ):
+        self.files, self.seed, self.text_field = files, seed, text_field
+        self.encoder, self.fill_chars = encoder, fill_chars
+        self.epoch, self.file_idx, self.record_idx = position
+        self.skipped = SkippedRecords(skipped.count, list(skipped.examples))
+
+    def _epoch_files(self) -> list[Path]:
+        return epoch_files(self.files, self.seed, self.epoch)
+
+    def next_refill(self) -> Refill:
+        texts: list[str] = []
+        size = 0
+        while size < self.fill_chars:
+            from_start = (self.file_idx, self.record_idx) == (0, 0)
+            got_any = False
+            for fi, ri, text in iter_documents(
+                self._epoch_files(), self.text_field, self.file_idx, self.record_idx, self.skipped
+            ):
+                got_any = True
+                texts.append(text)
+                size += len(text)
+                self.file_idx, self.record_idx = fi, ri + 1
+                if size >= self.fill_chars:
+                    break
+            else:
+                if from_start and not got_any:
+                    raise DatasetError(
+                        f"training dataset: no readable document in {len(self.files)} file(s) "
+                        f"({self.skipped.count} malformed records)"
+                    )
+                self.epoch, self.file_idx, self.record_idx = self.epoch + 1, 0, 0
+        return Refill(
+            self.encoder.encode(texts),
+            self.epoch,
+            self.file_idx,
+            self.record_idx,
+            self.skipped.count,
+            tuple(self.skipped.examples),
+        )
+
+
+def epoch_files(files: list[Path], seed: int, epoch: int) -> list[Path]:
+    order = list(files)
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
 
 
 class PackedTextDataset(IterableDataset):
@@ -49,53 +130,74 @@ class PackedTextDataset(IterableDataset):
         seed: int = 0,
         text_field: str = "text",
         tokenize_group: dist.ProcessGroup | None = None,
+        prefetch: bool = True,
     ):
         """`tokenize_group`: the processes that read this same stream and share tokenizing it
-        (all of them must iterate their readers in step, as the trainer's ranks do)."""
+        (all of them must iterate their readers in step, as the trainer's ranks do).
+        `prefetch`: read and tokenize on a thread of its own (False: on the caller's, when it
+        needs ids; kept for measuring the difference)."""
         self.files, self.tokenizer, self.seq_len, self.seed = files, tokenizer, seq_len, seed
         self.encoder = SplitTokenizer(tokenizer, tokenize_group)
         self._fill_chars = _TOKENIZE_BATCH_CHARS * min(self.encoder.size, _MAX_BATCHES_PER_EXCHANGE)
         self.local_batch_size, self.dp_rank, self.dp_size = local_batch_size, dp_rank, dp_size
         self.text_field = text_field
         self.skipped = SkippedRecords()
-        # Position in the global stream: the next document to read, the tokens read but not yet
-        # cut into windows, and the index of the next window.
+        # Position in the global stream, as far as the windows cut so far: the next document to
+        # read, the tokens read but not yet cut into windows, and the index of the next window.
+        # The reader (on its thread) may be refills ahead of it.
         self.epoch, self.file_idx, self.record_idx = 0, 0, 0
         self.buffer: list[int] = []
         self.window_idx = 0
         self.split = RankSplit(local_batch_size, dp_rank, dp_size)
+        self.prefetch = prefetch
+        self._reader: DocumentReader | None = None
+        self._prefetcher: Prefetcher[Refill] | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def _epoch_files(self) -> list[Path]:
-        order = list(self.files)
-        random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
-        return order
+        return epoch_files(self.files, self.seed, self.epoch)
+
+    def _next_refill(self) -> Refill:
+        if self._reader is None:
+            self._reader = DocumentReader(
+                self.files,
+                self.seed,
+                self.text_field,
+                self.encoder,
+                self._fill_chars,
+                (self.epoch, self.file_idx, self.record_idx),
+                self.skipped,
+            )
+            if self.prefetch:
+                self._prefetcher = Prefetcher(self._reader.next_refill)
+                # The thread holds the reader, not this dataset: stop it when the dataset goes.
+                self._finalizer = weakref.finalize(self, self._prefetcher.close, 0)
+        if self._prefetcher is not None:
+            return self._prefetcher.get()
+        return self._reader.next_refill()
 
     def _fill(self) -> None:
-        """Tokenize the next documents (about `_fill_chars` of text) into the buffer, wrapping
-        around to a new epoch at the end of the data."""
-        texts: list[str] = []
-        size = 0
-        while size < self._fill_chars:
-            from_start = (self.file_idx, self.record_idx) == (0, 0)
-            got_any = False
-            files = self._epoch_files()
-            for fi, ri, text in iter_documents(
-                files, self.text_field, self.file_idx, self.record_idx, self.skipped
-            ):
-                got_any = True
-                texts.append(text)
-                size += len(text)
-                self.file_idx, self.record_idx = fi, ri + 1
-                if size >= self._fill_chars:
-                    break
-            else:
-                if from_start and not got_any:
-                    raise DatasetError(
-                        f"training dataset: no readable document in {len(self.files)} file(s) "
-                        f"({self.skipped.count} malformed records)"
-                    )
-                self.epoch, self.file_idx, self.record_idx = self.epoch + 1, 0, 0
-        self.buffer.extend(self.encoder.encode(texts))
+        refill = self._next_refill()
+        self.buffer.extend(refill.ids)
+        self.epoch, self.file_idx, self.record_idx = (
+            refill.epoch,
+            refill.file_idx,
+            refill.record_idx,
+        )
+        self.skipped.count, self.skipped.examples = refill.skipped, list(refill.examples)
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop reading ahead (after the refill in progress: see prefetch.py); the next window
+        asked for starts a reader at the position reached."""
+        if self._prefetcher is not None:
+            self._prefetcher.close(timeout)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._reader, self._prefetcher, self._finalizer = None, None, None
+
+    @property
+    def reader_thread(self) -> threading.Thread | None:
+        return self._prefetcher.thread if self._prefetcher is not None else None
 
     def _cut_window(self) -> list[int]:
         n = self.seq_len + 1
@@ -136,6 +238,8 @@ class PackedTextDataset(IterableDataset):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # What was read ahead continues the old position: dropped, read again from the new one.
+        self.close(timeout=None)
         self.epoch, self.file_idx = state["epoch"], state["file_idx"]
         self.record_idx, self.window_idx = state["record_idx"], state["window_idx"]
         self.buffer = list(state["buffer"])

@@ -42,6 +42,7 @@ from titanlite.config.schema import JobConfig
 from titanlite.core import distributed
 from titanlite.core.logging import logger
 from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
+from titanlite.data.split_tokenize import exchange_group
 from titanlite.preflight import checks as preflight
 from titanlite.trainer import callbacks as cb
 from titanlite.trainer.callbacks.metrics import moe_figures
@@ -100,6 +101,11 @@ class Trainer:
             if isinstance(source, ShardSet):
                 self._verify_shards(source)
         assert pre.dataset is not None  # None only in a dry run
+        # The ranks that read different sequences share tokenizing a text stream, on a gloo
+        # group of their own per data-parallel group (the reader's thread exchanges on it).
+        self.tokenize_group = (
+            None if isinstance(pre.dataset, ShardSet) else exchange_group(self.meshes.dp_groups())
+        )
         self.dataloader = build_dataloader(
             pre.dataset,
             tokenizer,
@@ -109,8 +115,7 @@ class Trainer:
             dp_size=dp_size,
             seed=self.seed,
             text_field=t.dataset_text_field,
-            # Every rank reads the same text stream in step: all of them share tokenizing it.
-            tokenize_group=dist.group.WORLD if dist.get_world_size() > 1 else None,
+            tokenize_group=self.tokenize_group,
         )
         self.validation_data = None
         if v.enabled:
@@ -425,6 +430,11 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.metrics.close()
+        close_reader = getattr(self.dataloader.dataset, "close", None)
+        if close_reader is not None:
+            close_reader()
+        if self.tokenize_group is not None and not self.owns_process_group:
+            dist.destroy_process_group(self.tokenize_group)
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
 
