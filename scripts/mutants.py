@@ -242,6 +242,48 @@ MUTANTS = [
         "        decided = self._collect()\n",
         (SYNCS,),
     ),
+    # Memory figures that must match the GPU (issue 27, items 11 and 12).
+    Mutant(
+        "kept_unsharded_grads_not_counted",
+        "the dry run leaves out FSDP's unsharded gradients kept between micro-batches",
+        "titanlite/planning/dry_run.py",
+        "    if keeps_unsharded_grads(job, pre.dims, pre.grad_accum_steps):\n",
+        "    if False:\n",
+        (
+            "tests/distributed/test_kept_grads.py::"
+            "test_every_unsharded_gradient_counts_in_the_reduce_dtype",
+        ),
+    ),
+    Mutant(
+        "headroom_without_nccl",
+        "the dry run's headroom leaves out the NCCL communicators",
+        "titanlite/planning/headroom.py",
+        "        return self.cuda_context + self.communicators * NCCL_COMMUNICATOR\n",
+        "        return self.cuda_context\n",
+        (
+            "tests/distributed/test_dry_run.py::"
+            "test_headroom_is_the_cuda_context_and_each_nccl_communicator",
+        ),
+    ),
+    Mutant(
+        "reserved_memory_not_logged",
+        "memory_reserved_gib missing from the metrics on CUDA",
+        "titanlite/components/metrics/logger.py",
+        '            "memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,\n',
+        "",
+        (
+            "tests/unit/components/metrics/test_memory_metrics.py::"
+            "test_cuda_peaks_reach_jsonl_tensorboard_and_the_console",
+        ),
+    ),
+    Mutant(
+        "expandable_segments_not_exported",
+        "run_train.sh leaves the CUDA allocator's settings at torch's defaults",
+        "run_train.sh",
+        "    export PYTORCH_ALLOC_CONF=expandable_segments:True\n",
+        "    :\n",
+        ("tests/e2e/test_allocator_env.py",),
+    ),
 ]
 
 
