@@ -282,7 +282,10 @@ MUTANTS = [
         "run_train.sh",
         "    export PYTORCH_ALLOC_CONF=expandable_segments:True\n",
         "    :\n",
-        ("tests/e2e/test_allocator_env.py",),
+        (
+            "tests/e2e/test_allocator_env.py::"
+            "test_run_train_sh_turns_on_expandable_segments_unless_the_user_chose",
+        ),
     ),
 ]
 

@@ -15,7 +15,7 @@ from mutants import MUTANTS, Mutant  # noqa: E402
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_each_mutant_applies_once_and_compiles(tmp_path, mutant):
     target = tmp_path / mutant.path
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)  # a file at the top: tmp_path itself
     target.write_text((ROOT / mutant.path).read_text())
     mutant.apply(tmp_path)
     mutated = target.read_text()
