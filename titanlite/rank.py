@@ -2,7 +2,13 @@
 MODULE.main(args) and, when it returns or raises a failure, writes its last stderr line to
 torchrun's per-rank error file (TORCHELASTIC_ERROR_FILE), so the launcher can end the output
 with the rank's own reason instead of torchrun's report. Nothing changes for a rank that
-succeeds, or outside torchrun."""
+succeeds, or outside torchrun.
+
+A MODULE with `outcome(args) -> (code, line)` (titanlite.train) is run through it instead:
+under titanlite.launch the rank then hands its one line to the launcher without printing it,
+so the terminal shows it once, last (the rank's copy, then the launcher's, was two; with every
+rank shown, one more per rank). A rank that torchrun will restart after this failure prints it
+itself: its launcher reports only the last attempt."""
 
 from __future__ import annotations
 
@@ -37,6 +43,10 @@ class _LastLine:
 
     def last_line(self) -> str:
         return self._partial.strip() or self.last
+
+    def keep(self, line: str) -> None:
+        """`line` becomes the last line without being written."""
+        self.last, self._partial = line, ""
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
         return getattr(self.inner, name)
@@ -107,6 +117,29 @@ def _watch(launcher: int, parent: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _run(module: Any, argv: list[str], tracker: _LastLine) -> int:
+    outcome = getattr(module, "outcome", None)
+    if outcome is None:
+        return module.main(argv) or 0
+    code, line = outcome(argv)
+    if line:
+        if _launcher_prints_it():
+            tracker.keep(line)  # what _record leaves for the launcher to print
+        else:
+            print(line, file=sys.stderr)
+    return code
+
+
+def _launcher_prints_it() -> bool:
+    """titanlite.launch prints a failed rank's line unless torchrun restarts the group after
+    this failure (then the line of this attempt would never be shown)."""
+    if not os.environ.get(EXIT_DIR_ENV):
+        return False
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    allowed = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    return int(restarts or 0) >= int(allowed or 0)
+
+
 def main() -> None:
     _die_with_launcher()
     if len(sys.argv) < 2:
@@ -117,7 +150,7 @@ def main() -> None:
     sys.stderr = tracker = _LastLine(sys.stderr)
     code: int = 1
     try:
-        code = importlib.import_module(module).main(argv) or 0
+        code = _run(importlib.import_module(module), argv, tracker)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):

@@ -3,9 +3,9 @@ calls `main`) and SLURM start. titanlite.cli turns every outcome into one line a
 
 from __future__ import annotations
 
-from titanlite.cli import cli, main
+from titanlite.cli import cli, main, outcome
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "outcome"]
 
 if __name__ == "__main__":
     cli()

@@ -1,6 +1,7 @@
 """A rank's module for `python -m titanlite.rank fault_worker ARGS` under titanlite.launch: it
-trains through titanlite's own entry point (titanlite.cli.main: the one line and the exit code)
-with one fault planted, chosen by FAULT, on rank FAULT_RANK:
+trains through titanlite's own entry point (titanlite.cli.outcome: the exit code and the one
+line, which titanlite.rank hands to the launcher) with one fault planted, chosen by FAULT, on
+rank FAULT_RANK:
 
     nan_output       the model's output at forward number FAULT_AT turns to NaN, as one bad
                      batch or one faulty device would make it on one rank only
@@ -50,7 +51,7 @@ def _once_slow(fn, seconds: float):
     return wrapper
 
 
-def main(argv: list[str]) -> int:
+def outcome(argv: list[str]) -> tuple[int, str]:
     fault, mine = os.environ["FAULT"], int(os.environ["FAULT_RANK"]) == int(os.environ["RANK"])
     seconds = float(os.environ.get("FAULT_SECONDS", "0"))
     build, close = Trainer._build_model, Trainer.close
@@ -94,4 +95,4 @@ def main(argv: list[str]) -> int:
             return check(self, indices)
 
         ShardSet.verify_checksums = slow_check  # type: ignore[method-assign]
-    return cli.main(argv)
+    return cli.outcome(argv)

@@ -146,6 +146,7 @@ def test_errors_only_a_rank_sees_end_the_output_with_its_line_and_exit_code(save
     proc = run_train(["--job.dump_folder", str(tmp_path), "--checkpoint.enable_checkpoint"])
     expect_one_line(proc, 2, "titanlite: error: cannot load", "is corrupted (CRC32 differs")
     assert "ChildFailedError" not in proc.stderr and "=====" not in proc.stderr
+    assert proc.stderr.count("titanlite: error:") == 1, proc.stderr[-3000:]  # the launcher's
     assert "exitcode  : 2" in (tmp_path / "torchrun.log").read_text()
 
 
@@ -164,6 +165,8 @@ def test_shard_crc_mismatch_through_run_train(tmp_path):
     )
     expect_one_line(proc, 2, "titanlite: error:", bin_file.name, "is corrupted")
     assert "ChildFailedError" not in proc.stderr
+    # Once: the launcher's copy alone, not the rank's before it.
+    assert proc.stderr.count("titanlite: error:") == 1, proc.stderr[-3000:]
 
 
 def fake_rank_module(folder: Path) -> Path:

@@ -1,7 +1,8 @@
 """Progress survives what users do to a run: Ctrl-C (once: graceful stop with a checkpoint, exit
-130; twice: at once), a full disk during a sync or async save (one line, the partial folder
-removed, the previous checkpoint intact; stop or continue), a torn last line in metrics.jsonl,
-and a changed optimizer setting on resume (a warning, or applied on request)."""
+130, its line shown once; twice: at once), SIGTERM to the launcher (the same, exit 75), a full
+disk during a sync or async save (one line, the partial folder removed, the previous checkpoint
+intact; stop or continue), a torn last line in metrics.jsonl, and a changed optimizer setting
+on resume (a warning, or applied on request)."""
 
 import json
 import os
@@ -70,9 +71,20 @@ def last_line(out: str) -> str:
 
 
 @pytest.mark.slow
-def test_ctrl_c_through_run_train_sh_stops_gracefully_with_a_checkpoint(tmp_path):
-    # Like a terminal: SIGINT to the whole process group (run_train.sh, torchrun, both ranks),
-    # so each rank gets it twice within milliseconds (directly, and forwarded by torchrun).
+@pytest.mark.parametrize(
+    "how, code, said",
+    [
+        # Like a terminal: SIGINT to the whole process group (run_train.sh, torchrun, both
+        # ranks), so each rank gets it twice within milliseconds (directly, and forwarded).
+        ("ctrl_c", 130, "Ctrl-C"),
+        # Like a scheduler: SIGTERM to the launcher alone (run_train.sh execs it), which
+        # forwards it to the ranks.
+        ("sigterm", 75, "SIGTERM"),
+    ],
+)
+def test_a_stop_signal_through_run_train_sh_stops_gracefully_with_a_checkpoint(
+    tmp_path, how, code, said
+):
     proc = subprocess.Popen(
         ["bash", str(ROOT / "run_train.sh"), *SMALL, "--training.steps", "1000"]
         + ["--checkpoint.interval", "1000", "--job.dump_folder", str(tmp_path)],
@@ -85,12 +97,17 @@ def test_ctrl_c_through_run_train_sh_stops_gracefully_with_a_checkpoint(tmp_path
     )
     lines: list[str] = []
     wait_for(proc, "step      2", lines)
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl_c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
     out = "".join(lines) + out
-    assert proc.returncode == 130, out[-3000:]
+    assert proc.returncode == code, out[-3000:]
     assert "KeyboardInterrupt" not in out and "Traceback" not in out
-    assert last_line(out).startswith("titanlite: Ctrl-C: stopped after step ")
+    assert last_line(out).startswith(f"titanlite: {said}: stopped after step ")
+    # Once: not also logged by the rank, nor printed by it before the launcher's copy.
+    assert out.count(f"{said}: stopped after step") == 1, out[-3000:]
     step = int(last_line(out).split("after step ")[1].split(";")[0])
     assert complete_steps(tmp_path / "checkpoint") == [step]
     assert verify(tmp_path / "checkpoint" / f"step-{step}") == []

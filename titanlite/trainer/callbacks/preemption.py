@@ -8,7 +8,6 @@ import signal
 
 from titanlite.components.checkpoint.folder import step_dir
 from titanlite.components.preemption import StopRequest
-from titanlite.core.logging import logger
 from titanlite.trainer.callbacks.base import Callback
 from titanlite.trainer.callbacks.checkpoint import Saver
 
@@ -35,7 +34,6 @@ class PreemptionAgreement(Callback):
                 f"{name}: stopped after step {step} WITHOUT a checkpoint "
                 "(checkpoint.enable_checkpoint is off): a restart begins at step 0"
             )
-            logger.warning(self.message)
             return
         self.saver.wait()
         if why := self.saver.failing():
@@ -43,10 +41,8 @@ class PreemptionAgreement(Callback):
                 f"{name}: stopped after step {step} without a checkpoint of it ({why}); a "
                 "restart resumes from the latest checkpoint"
             )
-            logger.warning(self.message)
             return
         if self.last_saved != step:
             self.saver.save(step, force_sync=True)
         folder = step_dir(self.saver.checkpointer.folder, step)
         self.message = f"{name}: stopped after step {step}; checkpoint {folder} is complete"
-        logger.info(self.message)
