@@ -10,7 +10,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 # Compiled graphs (Inductor's FX graph and AOTAutograd caches) in one folder that every process
 # of the session inherits and that outlives it on a machine that keeps its home folder: a graph
 # compiled once (the same block under another layout, another test, an earlier CI run) is read
-# back, not compiled again. Tensor-parallel graphs are never cached (parallelisms/compile.py).
+# back, not compiled again. Under tensor and context parallel only Inductor's FX graph cache is
+# used (parallelisms/compile.py).
 os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR",
     str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "titanlite" / "inductor"),
