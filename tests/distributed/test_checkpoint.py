@@ -29,6 +29,8 @@ from trainer_jobs import TrainerJobs
 from titanlite.components.checkpoint.folder import complete_steps
 from titanlite.components.checkpoint.storage import load_full_state_dict
 
+QWEN3_TIED = ("--model.name", "qwen3", "--model.flavor", "debugmodel_tied")
+
 
 def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
     return [
@@ -65,6 +67,9 @@ SAVES = {
         100,
         ("--checkpoint.last_save_model_weights_only", "--checkpoint.export_dtype", "bfloat16"),
     ),
+    # Qwen3 with its head tied to the embedding: the table is one parameter in the checkpoint.
+    "qwen3_one": ("one", 6, 3, QWEN3_TIED),
+    "qwen3_fsdp2": ("fsdp2", 6, 3, QWEN3_TIED),
 }
 SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
@@ -83,6 +88,8 @@ RESUMES = {
     "one_to_2x2": ("save_one", 3, "fsdp2_tp2", 6, 3),
     "seed_one": ("seed", 0, "one", 1, 100),
     "seed_2x2": ("seed", 0, "fsdp2_tp2", 1, 100),
+    "qwen3_one_to_2x2": ("qwen3_one", 3, "fsdp2_tp2", 6, 3),
+    "qwen3_fsdp2_to_one": ("qwen3_fsdp2", 3, "one", 6, 3),
 }
 
 
@@ -107,9 +114,9 @@ def runs(tmp_path_factory) -> dict[str, TrainerJobs]:
                 group.add(name, _run_args(layout, steps, interval, *extra))
         for name in resumes:
             src, step, layout, steps, interval = RESUMES[name]
-            copy_step(
-                groups[src].folder / src, step, group.add(name, _run_args(layout, steps, interval))
-            )
+            extra = SAVES[src][3] if src in SAVES else ()  # the model the source trained
+            run = _run_args(layout, steps, interval, *extra)
+            copy_step(groups[src].folder / src, step, group.add(name, run))
         group.run()
         groups.update(dict.fromkeys(group.jobs, group))
 
