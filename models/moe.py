@@ -39,6 +39,7 @@ figure the metrics log.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -75,6 +76,8 @@ class MoEArgs:
 
 
 class TopKRouter(nn.Module):
+    expert_bias: torch.Tensor
+
     def __init__(self, dim: int, args: MoEArgs):
         super().__init__()
         self.args = args
@@ -104,36 +107,49 @@ def grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> tor
     """x (rows sorted by group, in) @ weight[g].T for each group g of rows, `ends` the groups'
     end rows (int32). torch 2.13 computes any dtype eagerly (its CUDA kernel for bf16 on
     sm90/sm100; elsewhere a loop that reads `ends` on the host); its compiled form takes only
-    bf16, so other dtypes run eagerly under torch.compile."""
+    bf16, so other dtypes leave the graph under torch.compile and run eagerly."""
     if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():
-        return _eager_grouped_mm(x, weight, ends)
+        return _outside_the_graph()(x, weight, ends)
+    return _grouped_mm(x, weight, ends)
+
+
+def _grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return torch._grouped_mm(x, weight.transpose(-2, -1), offs=ends)
 
 
-@torch.compiler.disable
-def _eager_grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    return torch._grouped_mm(x, weight.transpose(-2, -1), offs=ends)
+@functools.cache
+def _outside_the_graph() -> Callable:
+    # Made on first use under compile: torch.compiler.disable imports dynamo, seconds that a
+    # process which never compiles (preflight, the dry run) should not pay.
+    return torch.compiler.disable(_grouped_mm)
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts as 3-D weights: w1, w3 (E, hidden, dim), w2 (E, dim, hidden)."""
+    """E SwiGLU experts as 3-D weights: w13 (E, 2 x hidden, dim), each expert's gate rows then
+    its up rows (one grouped GEMM for both, and Hugging Face's `gate_up_proj` layout), and w2
+    (E, dim, hidden)."""
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int):
         super().__init__()
-        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
-        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x: rows sorted by expert, counts[e] of them for expert e."""
         ends = counts.cumsum(0).to(torch.int32)
-        h = F.silu(grouped_mm(x, self.w1, ends)) * grouped_mm(x, self.w3, ends)
-        return grouped_mm(h, self.w2, ends)
+        gate, up = grouped_mm(x, self.w13, ends).chunk(2, dim=-1)
+        return grouped_mm(F.silu(gate) * up, self.w2, ends)
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:
-        fill_trunc_normal_(self.w1, 0.02, seed, f"{key}.w1")
-        for name in ("w2", "w3"):
-            fill_trunc_normal_(getattr(self, name), out_std, seed, f"{key}.{name}")
+        # As two SwiGLU matrices would be: the gate rows at 0.02, the up rows at out_std.
+        hidden = self.w2.shape[-1]
+        gate = torch.empty_like(self.w13[:, :hidden])
+        up = torch.empty_like(self.w13[:, hidden:])
+        fill_trunc_normal_(gate, 0.02, seed, f"{key}.w1")
+        fill_trunc_normal_(up, out_std, seed, f"{key}.w3")
+        fill_trunc_normal_(self.w2, out_std, seed, f"{key}.w2")
+        with torch.no_grad():
+            self.w13.copy_(torch.cat([gate, up], dim=1))
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -165,6 +181,9 @@ def sequence_aux_loss(scores: torch.Tensor, chosen: torch.Tensor, sequences: int
 
 
 class MoE(nn.Module):
+    tokens_per_expert: torch.Tensor
+    step_load: torch.Tensor
+
     def __init__(self, dim: int, args: MoEArgs):
         super().__init__()
         self.args = args
@@ -243,9 +262,7 @@ def finish_step(model: nn.Module, global_sum: Callable[[torch.Tensor], torch.Ten
         layer.tokens_per_expert.zero_()
         if layer.args.load_balance == "expert_bias":
             load = load.float()
-            layer.router.expert_bias += layer.args.bias_update_rate * torch.sign(
-                load.mean() - load
-            )
+            layer.router.expert_bias += layer.args.bias_update_rate * torch.sign(load.mean() - load)
 
 
 def imbalance(counts: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,8 @@ is its own (not dim / n_heads), queries and keys RMS-normalized per head before 
 SwiGLU, no biases, and for the small flavors an output head that is the embedding.
 
 The blocks are `models.decoder.DecoderBlock`s with the shared attention (`q_norm`, `k_norm`) and
-feed-forward; a Mixture-of-Experts layer takes the feed-forward's place in the MoE flavors (not
-yet built). Masks, RoPE positions and the forward are `models.decoder.Decoder`'s.
+feed-forward; in the MoE flavors a Mixture-of-Experts layer (models/moe.py) takes the
+feed-forward's place in every block. Masks, RoPE positions and the forward are `models.decoder.Decoder`'s.
 
 Tied embeddings: `output.weight` is `tok_embeddings.weight`, one parameter. The model's state
 dict holds it once, under `tok_embeddings.weight` (as Hugging Face's safetensors hold only
@@ -21,6 +21,7 @@ from torch import nn
 from models.decoder import Decoder, DecoderBlock, depth_out_std
 from models.initialization import fill_trunc_normal_
 from models.layers import Attention, FeedForward, inverse_frequencies, rotations
+from models.moe import MoE
 from models.qwen3.args import Qwen3Args
 
 TIED_KEY = "output.weight"  # the state-dict key a tied head does not have
@@ -28,9 +29,11 @@ TIED_KEY = "output.weight"  # the state-dict key a tied head does not have
 
 def _block(layer_id: int, args: Qwen3Args) -> DecoderBlock:
     attention = Attention(args.dim, args.n_heads, args.kv_heads, args.head_dim, args.norm_eps)
+    moe = args.moe
+    feed_forward = FeedForward(args.dim, args.ffn_hidden_dim) if moe is None else MoE(args.dim, moe)
     return DecoderBlock(
         attention,
-        FeedForward(args.dim, args.ffn_hidden_dim),
+        feed_forward,
         args.dim,
         args.norm_eps,
         depth_out_std(layer_id, args.n_layers, args.depth_init),

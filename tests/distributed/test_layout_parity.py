@@ -57,6 +57,9 @@ ACCUM2 = ["--training.global_batch_size", "8"]
 AC_FULL = ["--activation_checkpoint.mode", "full"]
 ROPE_DOCUMENT = ["--model.rope_positions", "document"]
 QWEN3 = ["--model.name", "qwen3"]  # its debugmodel: per-head q/k norms, head_dim apart from dim
+QWEN3_MOE = [*QWEN3, "--model.flavor", "debugmodel_moe"]  # 8 experts, 2 per token, aux loss
+QWEN3_MOE_BIAS = [*QWEN3_MOE, "--model.moe_load_balance", "expert_bias"]
+QWEN3_MOE_BIAS += ["--model.moe_bias_update_rate", "0.01"]
 QWEN3_TIED = [*QWEN3, "--model.flavor", "debugmodel_tied"]  # the head is the embedding
 
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
@@ -154,6 +157,14 @@ LAYOUTS = {
     "qwen3_tp2": (2, [LBS, "8", TP, "2", *QWEN3]),
     "qwen3_tied_one": (1, [LBS, "8", *QWEN3_TIED]),
     "qwen3_tied_fsdp2": (2, [LBS, "4", *QWEN3_TIED]),
+    # Mixture of Experts: the aux loss (per sequence) over FSDP and over micro-batches; the
+    # expert bias (a buffer moved from the step's global tokens-per-expert counts), which the
+    # final weights include and which must be equal on every rank.
+    "qwen3_moe_one": (1, [LBS, "8", *QWEN3_MOE]),
+    "qwen3_moe_fsdp2": (2, [LBS, "4", *QWEN3_MOE]),
+    "qwen3_moe_fsdp2_accum2": (2, [LBS, "2", *ACCUM2, *QWEN3_MOE]),
+    "qwen3_moe_bias_one": (1, [LBS, "8", *QWEN3_MOE_BIAS]),
+    "qwen3_moe_bias_fsdp2": (2, [LBS, "4", *QWEN3_MOE_BIAS]),
 }
 # A layout's one-process run of the same model: "one" unless named here.
 REFERENCES = {
@@ -162,6 +173,9 @@ REFERENCES = {
     "qwen3_fsdp2": "qwen3_one",
     "qwen3_tp2": "qwen3_one",
     "qwen3_tied_fsdp2": "qwen3_tied_one",
+    "qwen3_moe_fsdp2": "qwen3_moe_one",
+    "qwen3_moe_fsdp2_accum2": "qwen3_moe_one",
+    "qwen3_moe_bias_fsdp2": "qwen3_moe_bias_one",
 }
 BF16 = ["--training.mixed_precision_param", "bfloat16"]
 # bfloat16 mixed precision against one process under bf16 autocast (BF16_RTOL below says why

@@ -79,8 +79,10 @@ def full_tensors(model: torch.nn.Module, what: str) -> tuple[dict[str, torch.Ten
     replicated parameter, under DDP or a TP-replicated norm, is each rank's own copy; a sharded
     one is gathered). Collective: every rank calls it in step."""
     mine = {}
-    for name, p in model.named_parameters():
-        value = p if what == "param" else p.grad
+    values = [(name, p if what == "param" else p.grad) for name, p in model.named_parameters()]
+    if what == "param":  # and the state a checkpoint keeps beside them (an MoE's expert bias)
+        values += persistent_buffers(model)
+    for name, value in values:
         if value is None:
             continue
         full = value.full_tensor() if isinstance(value, DTensor) else value
@@ -95,6 +97,15 @@ def full_tensors(model: torch.nn.Module, what: str) -> tuple[dict[str, torch.Ten
                 differ.add(name)
             merged.setdefault(name, value)
     return merged, sorted(differ)
+
+
+def persistent_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [
+        (f"{prefix}.{name}" if prefix else name, buffer)
+        for prefix, module in model.named_modules()
+        for name, buffer in module._buffers.items()
+        if buffer is not None and name not in module._non_persistent_buffers_set
+    ]
 
 
 def layout_facts(model: torch.nn.Module, shards) -> dict:

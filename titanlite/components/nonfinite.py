@@ -25,6 +25,7 @@ always from a good step.
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 
@@ -59,11 +60,13 @@ class NonFiniteGuard:
                 return
             optimizer.step()
             return
-        optimizer.found_inf = (~torch.isfinite(norm.detach())).to(torch.float32)
+        # The attribute torch's Adam reads (GradScaler sets it the same way).
+        scaled = cast(Any, optimizer)  # torch.optim.Optimizer declares no found_inf
+        scaled.found_inf = (~torch.isfinite(norm.detach())).to(torch.float32)
         try:
             optimizer.step()
         finally:
-            del optimizer.found_inf  # a later step without the guard must not see it
+            del scaled.found_inf  # a later step without the guard must not see it
 
     def settle(self) -> None:
         """Read the pending norms (one host sync for all of them) and count their verdicts;

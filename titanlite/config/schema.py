@@ -111,6 +111,16 @@ class Model:
     ffn_dim_multiplier: float | None = opt(None, "FFN hidden size multiplier", min=0.0)
     norm_eps: float | None = opt(None, "RMSNorm epsilon", min=0.0)
     rope_theta: float | None = opt(None, "RoPE base", min=0.0)
+    # Mixture of Experts (the MoE flavors; docs/moe.md). None keeps the flavor's value.
+    moe_load_balance: str | None = opt(
+        None,
+        "MoE load balancing: 'aux_loss' (the Switch loss per sequence, Qwen3's), 'expert_bias' "
+        "(DeepSeek-V3's auxiliary-loss-free bias, updated after each step from the global "
+        "tokens-per-expert counts) or 'none'",
+        choices=["aux_loss", "expert_bias", "none"],
+    )
+    moe_aux_loss_coef: float | None = opt(None, "MoE auxiliary loss coefficient", min=0.0)
+    moe_bias_update_rate: float | None = opt(None, "MoE expert-bias step per update", min=0.0)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -364,9 +364,9 @@ class Trainer:
             self.nonfinite.failing,
         )
         preemption = cb.PreemptionAgreement(stop, saver, job.checkpoint.enable_checkpoint, steps)
-        extra = dict
+        extra: Callable[[], dict] = dict
         if getattr(self.pre.model_args, "moe", None) is not None:
-            extra = partial(moe_figures, self.model, self.global_mean, self.train_step.pp_group)
+            extra = partial(moe_figures, self.model, self.global_mean, self.metrics.pp_group)
         metrics = cb.MetricsLogging(
             self.metrics, self.global_mean, self.nonfinite, lambda: self.train_state.step, extra
         )

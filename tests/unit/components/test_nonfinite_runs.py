@@ -64,6 +64,9 @@ def test_past_the_allowed_skips_the_error_names_the_bad_step_and_when_it_was_rea
     guard = NonFiniteGuard(1)
     for _ in guarded_steps(guard, [OK, NAN, NAN, OK]):
         pass
-    with pytest.raises(NonFiniteTraining, match=r"^step 3: the gradient norm is nan after 1 "
-                       r"skipped step\(s\) in a row \(read after step 4\)"):
+    with pytest.raises(
+        NonFiniteTraining,
+        match=r"^step 3: the gradient norm is nan after 1 "
+        r"skipped step\(s\) in a row \(read after step 4\)",
+    ):
         guard.settle()

@@ -36,7 +36,7 @@ def hf_block(layer: MoE) -> Qwen3MoeSparseMoeBlock:
     with torch.no_grad():
         block.gate.weight.copy_(layer.router.gate.weight)
         e = layer.experts
-        block.experts.gate_up_proj.copy_(torch.cat([e.w1, e.w3], dim=1))
+        block.experts.gate_up_proj.copy_(e.w13)
         block.experts.down_proj.copy_(e.w2)
     return block
 
@@ -66,7 +66,8 @@ def loop_reference(layer: MoE, x: torch.Tensor) -> torch.Tensor:
         out = 0
         for slot in range(TOP_K):
             i = chosen[t, slot]
-            h = torch.nn.functional.silu(flat[t] @ e.w1[i].T) * (flat[t] @ e.w3[i].T)
+            w1, w3 = e.w13[i].chunk(2)
+            h = torch.nn.functional.silu(flat[t] @ w1.T) * (flat[t] @ w3.T)
             out = out + weights[t, slot] * (h @ e.w2[i].T)
         rows.append(out)
     return torch.stack(rows).view_as(x)
@@ -163,4 +164,4 @@ def test_initialization_is_a_function_of_the_name_and_seed():
         assert torch.equal(p, q), name
     w = torch.empty(EXPERTS, HIDDEN, DIM)
     fill_trunc_normal_(w, 0.02, 0, "moe.experts.w1")
-    assert torch.equal(w, a.experts.w1)
+    assert torch.equal(w, a.experts.w13[:, :HIDDEN])

@@ -277,11 +277,7 @@ class MetricsLogger:
             )
             + f"data {r['data_loading_pct']:.1f}%  eta {eta_text(eta)}"
             + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
-            + (
-                f"  moe imbalance {r['moe_imbalance_max']:.2f}"
-                if "moe_imbalance_max" in r
-                else ""
-            )
+            + (f"  moe imbalance {r['moe_imbalance_max']:.2f}" if "moe_imbalance_max" in r else "")
         )
         if self.jsonl is not None:
             # Strict JSON: a non-finite figure (a skipped step's loss) is null, not NaN.

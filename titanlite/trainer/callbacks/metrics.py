@@ -10,7 +10,6 @@ import torch.distributed as dist
 from torch import nn
 
 from models.moe import imbalance, moe_layers
-
 from titanlite.components.metrics.logger import MetricsLogger
 from titanlite.components.nonfinite import NonFiniteGuard
 from titanlite.trainer.callbacks.base import Callback
