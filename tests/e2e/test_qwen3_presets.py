@@ -1,8 +1,9 @@
-"""The Qwen3 presets through the launcher's surface: the dry run plans Qwen3-8B on 8 GPUs, and a
+"""The Qwen3 presets through the launcher's surface: the dry run plans Qwen3-8B on 8 GPUs, a
 tied flavor under pipeline parallel is one line, exit 2 (its head is its embedding, which no
-pipeline split can put on two stages)."""
+pipeline split can put on two stages), and the MoE debug preset trains on 2 ranks with its
+load figures in metrics.jsonl."""
 
-from helpers import dry_run, expect_one_line
+from helpers import dry_run, expect_one_line, read_jsonl, run_train
 
 
 def test_the_dry_run_plans_qwen3_8b_on_8_gpus():
@@ -29,3 +30,20 @@ def test_a_llama_only_model_key_for_qwen3_is_one_line_not_ignored():
         "--config", "qwen3_8b.toml", "--dry-run.world_size", "8", "--model.multiple_of", "512"
     )
     expect_one_line(proc, 2, "[model] multiple_of = 512 is no hyper-parameter of qwen3 models")
+
+
+def test_the_moe_debug_preset_trains_on_two_ranks_and_logs_its_load(tmp_path):
+    proc = run_train(
+        ["--config", "qwen3_moe_debug.toml", "--training.steps", "2"]
+        + ["--model.moe_load_balance", "expert_bias", "--job.dump_folder", str(tmp_path)],
+        NGPU="2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    layers = {f"layers.{i}.feed_forward" for i in range(4)}
+    for r in records:
+        assert set(r["moe_imbalance"]) == layers
+        assert r["moe_imbalance_max"] == max(r["moe_imbalance"].values()) >= 1
+        assert "moe_aux_loss" not in r  # the expert bias balances, no aux loss
+    assert "moe imbalance" in proc.stderr
