@@ -93,7 +93,7 @@ def _run(argv: list[str], stop: StopRequest, launch_start: float) -> tuple[int, 
         # requeue makes end this allocation) sends its own SIGTERM/SIGKILL.
         if trainer.preempted != signal.SIGINT and job.job.requeue_on_preemption:
             if os.environ.get("RANK", "0") == "0":
-                requeue_slurm_job()
+                requeue_slurm_job(trainer.stop_message)
         return exit_code_for(trainer.preempted), f"titanlite: {trainer.stop_message}"
     return 0, ""
 

@@ -103,9 +103,11 @@ class StopRequest:
             signal.signal(s, handler)
 
 
-def requeue_slurm_job() -> bool:
+def requeue_slurm_job(stopped: str = "") -> bool:
     """`scontrol requeue $SLURM_JOB_ID` (rank 0 only, after the checkpoint is complete): SLURM
-    then ends this allocation and schedules the job again; it resumes from the checkpoint."""
+    then ends this allocation and schedules the job again; it resumes from the checkpoint.
+    `stopped`, the run's last line, leads the requeue line: titanlite.launch, which would print
+    it after the ranks end, may be killed with the allocation first."""
     job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return False
@@ -113,7 +115,10 @@ def requeue_slurm_job() -> bool:
         job_id = f"{job_id}_{task}"
     # Said before, not after: a successful requeue ends this allocation at once, and SLURM may
     # kill this process before a line written after `scontrol` returns reaches the log.
-    logger.info(f"requeueing SLURM job {job_id}; it resumes from the checkpoint when rescheduled")
+    said = f"{stopped}; " if stopped else ""
+    logger.info(
+        f"{said}requeueing SLURM job {job_id}; it resumes from the checkpoint when rescheduled"
+    )
     proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if proc.returncode != 0:
         logger.warning(

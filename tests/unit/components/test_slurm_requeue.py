@@ -21,7 +21,8 @@ def _run_requeue(tmp_path, **env: str) -> subprocess.CompletedProcess:
     (fake / "scontrol").chmod(0o755)
     code = (
         "from titanlite.core.logging import init_logger; init_logger(); "
-        "from titanlite.components.preemption import requeue_slurm_job; requeue_slurm_job()"
+        "from titanlite.components.preemption import requeue_slurm_job; "
+        "requeue_slurm_job('SIGUSR1: stopped after step 3')"
     )
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -42,6 +43,8 @@ def test_the_requeue_line_is_out_before_scontrol_ends_the_allocation(tmp_path):
     assert proc.returncode == -9  # scontrol "ended the allocation"
     assert (tmp_path / "bin" / "args").read_text().split() == ["requeue", "42"]
     assert "requeueing SLURM job 42; it resumes from the checkpoint" in proc.stderr, proc.stderr
+    # The run's own last line too: the launcher that would print it dies with the allocation.
+    assert "SIGUSR1: stopped after step 3; requeueing SLURM job 42" in proc.stderr, proc.stderr
 
 
 def test_an_array_task_is_requeued_by_its_own_id(tmp_path):
