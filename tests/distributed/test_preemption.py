@@ -91,7 +91,8 @@ def test_sigusr1_to_one_rank_stops_all_with_a_checkpoint_and_resume_matches(
             proc.kill()
     assert proc.returncode != 0
     assert f"exitcode  : {PREEMPTED}" in err, err[-3000:]  # torchrun's failure report
-    # Each rank's final line (its log has the same words earlier): both ranks, the same step.
+    # Each rank's final line (plain torchrun: no titanlite.launch to say it once): both ranks,
+    # the same step.
     stopped = [ln for ln in err.splitlines() if ln.startswith("titanlite: SIGUSR1: stopped after")]
     assert len(stopped) == 2, err[-3000:]
     step = int(stopped[0].split("after step ")[1].split(";")[0])
