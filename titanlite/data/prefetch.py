@@ -6,11 +6,13 @@ A thread, not a DataLoader worker process: the exchange is a collective on a pro
 which a worker process cannot join.
 
 When the producer may stop matters, because `produce` can be a collective: every rank's producer
-must make the same calls, or one waits for the others until the group's timeout. The producer
-therefore starts every `produce` it reaches and looks at `close` only while waiting to hand a
-result over. Ranks whose consumers took the same number of results (as the trainer's ranks
-have, at any step boundary) have producers in the same collective or none: closed then, each
-finishes what it is in and stops, and no collective is left open.
+must make the same calls, or one waits for the others until the group's timeout. A stop decided
+by the clock (stop after the call in progress) is not the same call on every rank: one rank's
+producer may be inside call k while another's has just finished call k-1 and would stop there.
+So a closed producer stops where it would have blocked anyway: with `depth` results waiting and
+one more in hand, that is after call c + depth + 1 when its consumer has taken c. Ranks whose
+consumers took the same number of results (the trainer's ranks, at the end of training or at a
+resume) stop after the same call, and no collective is left open.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Prefetcher(Generic[T]):
             with self._cond:
                 while len(self._ready) >= self._depth and not self._closed:
                     self._cond.wait()
-                if self._closed:
+                if len(self._ready) >= self._depth:  # closed, at the stop point (see above)
                     return
                 self._ready.append(item)
                 self._cond.notify_all()
@@ -53,7 +55,7 @@ class Prefetcher(Generic[T]):
 
     def get(self) -> T:
         with self._cond:
-            while not self._ready:
+            while self._closed or not self._ready:
                 if self._closed:
                     raise RuntimeError("the data reader's prefetcher is closed")
                 self._cond.wait()
@@ -64,8 +66,9 @@ class Prefetcher(Generic[T]):
         return value  # type: ignore[return-value]
 
     def close(self, timeout: float | None = None) -> bool:
-        """Stop after the `produce` in progress, if any; True once the thread has ended (waiting
-        up to `timeout` seconds, None = until it does)."""
+        """Stop at the stop point (up to depth + 1 more calls of `produce`, none left half done;
+        what was produced is dropped); True once the thread has ended (waiting up to `timeout`
+        seconds, None = until it does)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -133,7 +133,8 @@ class PackedTextDataset(IterableDataset):
         prefetch: bool = True,
     ):
         """`tokenize_group`: the processes that read this same stream and share tokenizing it
-        (all of them must iterate their readers in step, as the trainer's ranks do).
+        (all of them must iterate their readers in step, as the trainer's ranks do); with
+        `prefetch`, a group nothing else uses: the reader's thread exchanges on it at any time.
         `prefetch`: read and tokenize on a thread of its own (False: on the caller's, when it
         needs ids; kept for measuring the difference)."""
         self.files, self.tokenizer, self.seq_len, self.seed = files, tokenizer, seq_len, seed
@@ -186,9 +187,9 @@ class PackedTextDataset(IterableDataset):
         )
         self.skipped.count, self.skipped.examples = refill.skipped, list(refill.examples)
 
-    def close(self, timeout: float | None = 5.0) -> None:
-        """Stop reading ahead (after the refill in progress: see prefetch.py); the next window
-        asked for starts a reader at the position reached."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop reading ahead (at the same refill on every rank that cut as many windows: see
+        prefetch.py); the next window asked for starts a reader at the position reached."""
         if self._prefetcher is not None:
             self._prefetcher.close(timeout)
         if self._finalizer is not None:
@@ -239,7 +240,7 @@ class PackedTextDataset(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # What was read ahead continues the old position: dropped, read again from the new one.
-        self.close(timeout=None)
+        self.close()
         self.epoch, self.file_idx = state["epoch"], state["file_idx"]
         self.record_idx, self.window_idx = state["record_idx"], state["window_idx"]
         self.buffer = list(state["buffer"])
