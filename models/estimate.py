@@ -23,6 +23,27 @@ degree t (sequence parallel: norms work on 1/t of the tokens):
                                         tests/unit/models/qwen3/test_qwen3_model.py
     SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
 
+A Mixture-of-Experts feed-forward (models/moe.py; E experts, k per token, expert width h,
+without tensor or expert parallel) replaces the SwiGLU term; its input is the norm output
+counted above. Per token (`moe_terms`):
+
+    router      4E + 8k                 float32 scores (softmax/sigmoid output), top-k indices
+                + 4k + 4                the chosen float32 weights and their sum (renormalized,
+                                        norm_topk_prob)
+    dispatch    3 x e*k*d + e*k + 16k   the token copies sorted by expert (the first grouped
+                                        GEMM's input), the experts' outputs and their weighted
+                                        copies (index_copy keeps its source), each slot's weight,
+                                        and the sort's two int64 indices (order // k, order)
+    grouped     4 x e*k*h               w13's output (gate and up rows), silu(gate), the product
+    GEMMs                               (w2's input)
+    shared      4 x e*Fs                shared experts: a SwiGLU of width Fs
+Once per forward and layer: the int32 group ends (4E) and, with the auxiliary loss, the float32
+routed shares of each sequence (4E per sequence). Measured byte for byte in float32 and bfloat16
+(saved-tensor hooks on the debug MoE's first layer, tests/unit/models/test_moe_estimate.py).
+Selective op checkpointing keeps, of an MoE, the router gate's output (e*E per token: the fifth
+matmul of the block; the grouped GEMMs are not on its list, parallelisms/activation_checkpoint.py)
+and, with shared experts, their w3 output; derived from the policy, not measured.
+
 Outside the blocks: the final norm (4d/t + e*d) and the loss: log-softmax saves float32 logits
 over the vocabulary V (V/t with loss parallel), and backward's first step holds two float32
 gradients of the same size beside it (nll_loss's, dense, and log-softmax's input's), 8 bytes per
@@ -102,6 +123,28 @@ def cp_key_rows(seq_len: int, cp: int, kernel: str) -> float:
     return seq_len * (1 + 1 / (2 * cp)) if kernel == "varlen" else seq_len
 
 
+def moe_terms(
+    moe: Any, dim: int, compute_bytes: int, *, tokens: int, sequences: int
+) -> dict[str, tuple[float, float]]:
+    """An MoE feed-forward's activations for `tokens` tokens in `sequences` sequences (one
+    forward of one layer), by part: {part: (bytes without checkpointing, bytes selective op
+    checkpointing keeps)} (the module docstring gives the terms)."""
+    e, d, k, n_e, h = compute_bytes, dim, moe.top_k, moe.num_experts, moe.hidden_dim
+    router = 4 * n_e + 8 * k + (4 * k + 4 if moe.norm_topk_prob else 0)
+    aux_share = 4 * n_e * sequences if moe.load_balance == "aux_loss" else 0
+    parts = {
+        "router": (tokens * router + aux_share, tokens * e * n_e),
+        "dispatch": (tokens * (3 * e * k * d + e * k + 16 * k), 0),
+        "grouped GEMMs": (tokens * 4 * e * k * h + 4 * n_e, 0),
+    }
+    if moe.shared_hidden_dim:
+        parts["shared experts"] = (
+            tokens * 4 * e * moe.shared_hidden_dim,
+            tokens * e * moe.shared_hidden_dim,
+        )
+    return parts
+
+
 def block_activations(
     args: Any,
     *,
@@ -131,14 +174,19 @@ def block_activations(
     per_block_mask = sdpa_mask and cp == 1  # under cp one shared additive mask (docstring)
     if per_block_mask:
         attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
-    swiglu = 4 * e * ffn / t
-    full_block = tokens * (norms + gathered + attention + swiglu)
     block_input = tokens * e * d / t
-    # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input.
-    w2_out = (
-        e * d if t == 1 else e * d + e * d / t
-    )  # partial sums before the reduce-scatter, and its result
-    op_block = tokens * (e * (q + kv + ffn) / t + w2_out + e * q / t + 4 * n / t) + block_input
+    moe = getattr(args, "moe", None)
+    if moe is None:
+        feed_forward = tokens * 4 * e * ffn / t  # SwiGLU
+        # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input;
+        # w2's partial sums before the reduce-scatter, and its result.
+        op_ffn = e * ffn / t + (e * d if t == 1 else e * d + e * d / t)
+    else:
+        parts = moe_terms(moe, d, e, tokens=tokens, sequences=local_batch_size)
+        feed_forward = sum(full for full, _ in parts.values())
+        op_ffn = sum(kept for _, kept in parts.values()) / tokens
+    full_block = tokens * (norms + gathered + attention) + feed_forward
+    op_block = tokens * (e * (q + kv) / t + op_ffn + e * q / t + 4 * n / t) + block_input
     if per_block_mask:  # an over-count: SAC keeps no additive mask (module docstring)
         op_block += tokens * e * seq_len
     return full_block, block_input, op_block
@@ -192,6 +240,7 @@ def activations(
         args, tp=tp, kernel=kernel, qk_norm=qk_norm, **shape
     )
     logits_width = args.vocab_size / t if (loss_parallel or t == 1) else args.vocab_size
+    moe = getattr(args, "moe", None)
     return ActivationTerms(
         full_block=full_block,
         block_input=block_input,
@@ -199,6 +248,7 @@ def activations(
         outside=tokens * ((4 * d + 4) / t + e * d + 4 * logits_width),
         shared=shared_activations(args, kernel=kernel, **shape),
         loss_backward=tokens * 8 * logits_width,
+        moe={} if moe is None else moe_terms(moe, d, e, tokens=tokens, sequences=local_batch_size),
     )
 
 

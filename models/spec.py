@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -66,6 +66,9 @@ class ActivationTerms:
     outside: float  # after the last block: final norm, logits and loss (the last stage's)
     shared: float  # built once per forward, read by every block (every stage holds it)
     loss_backward: float  # the loss's transient gradients in backward (the last stage's)
+    # An MoE block's share of full_block and op_block, by part ("router", "dispatch", ...):
+    # {part: (bytes without checkpointing, bytes selective op checkpointing keeps)}; {} if dense.
+    moe: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,10 @@ class Estimator:
 
 class HFConfigError(ValueError):
     """An HF config that the family cannot represent; the message names the field."""
+
+
+def _one_tensor_each(key: str, args: Any) -> tuple[str, ...] | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -115,3 +122,9 @@ class HFAdapter:
     # (args, *, dtype, max_position_embeddings, bos_token_id, eos_token_id) -> config.json
     hf_config: Callable[..., dict[str, Any]]
     args_from_hf_config: Callable[[dict[str, Any]], Any]  # HFConfigError names the field
+    # (key, args) -> None for a key that is one HF tensor (to_hf_name / source_name); else the
+    # names of the HF tensors it is made of, in order, each row (dim 0) of the titanlite tensor
+    # being the next len(names) / rows of them concatenated on their dim 0 (an MoE's experts:
+    # the hub files hold one tensor per expert and projection); () for a titanlite-only key
+    # (exported nowhere, zeros on import)
+    split_names: Callable[[str, Any], tuple[str, ...] | None] = _one_tensor_each
