@@ -94,6 +94,10 @@ class HFConfigError(ValueError):
     """An HF config that the family cannot represent; the message names the field."""
 
 
+def _one_tensor_each(key: str, args: Any) -> tuple[str, ...] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class HFAdapter:
     """A family's Hugging Face state-dict adapter: parameter names and values both ways and
@@ -118,3 +122,9 @@ class HFAdapter:
     # (args, *, dtype, max_position_embeddings, bos_token_id, eos_token_id) -> config.json
     hf_config: Callable[..., dict[str, Any]]
     args_from_hf_config: Callable[[dict[str, Any]], Any]  # HFConfigError names the field
+    # (key, args) -> None for a key that is one HF tensor (to_hf_name / source_name); else the
+    # names of the HF tensors it is made of, in order, each row (dim 0) of the titanlite tensor
+    # being the next len(names) / rows of them concatenated on their dim 0 (an MoE's experts:
+    # the hub files hold one tensor per expert and projection); () for a titanlite-only key
+    # (exported nowhere, zeros on import)
+    split_names: Callable[[str, Any], tuple[str, ...] | None] = _one_tensor_each

@@ -43,6 +43,7 @@ from titanlite.components.checkpoint.safetensors import (
     Entry,
     SafetensorsWriter,
     nbytes,
+    read_rows,
     read_safetensors_header,
     read_tensor,
 )
@@ -301,17 +302,27 @@ def dcp_to_hf(
     hf, args = model.hf, model.args
     keys = list(hf.state_dict_shapes(args))
     out_dtype = {k: dtype or saved[k][1] for k in keys}
-    entries = [(hf.to_hf_name(k), saved[k][0], out_dtype[k]) for k in keys]
-    cfg = hf.hf_config(
-        args,
-        dtype=out_dtype[hf.embedding_key],
-        max_position_embeddings=max_position_embeddings,
-        bos_token_id=tok[2] if tok else None,
-        eos_token_id=tok[3] if tok else None,
-    )
+    entries, owner = _export_entries(hf, args, keys, {k: saved[k][0] for k in keys}, out_dtype)
+    _warn_dropped(hf, args, keys, reader, report)
+    try:
+        cfg = hf.hf_config(
+            args,
+            dtype=out_dtype[hf.embedding_key],
+            max_position_embeddings=max_position_embeddings,
+            bos_token_id=tok[2] if tok else None,
+            eos_token_id=tok[3] if tok else None,
+        )
+    except HFConfigError as e:
+        raise CheckpointError(f"{src}: {e}") from None
+    loaded: dict[str, torch.Tensor] = {}  # the one titanlite tensor whose parts are being written
 
-    def convert(key: str) -> torch.Tensor:
-        return hf.to_hf_tensor(key, reader.load(f"model.{key}"), args)
+    def convert(name: str) -> torch.Tensor:
+        key, part, shape = owner[name]
+        if key not in loaded:
+            loaded.clear()
+            loaded[key] = hf.to_hf_tensor(key, reader.load(f"model.{key}"), args)
+        t = loaded[key]
+        return t if part is None else t.reshape(-1, *shape)[part]
 
     partial = _start_output(dst)
     try:
@@ -319,8 +330,7 @@ def dcp_to_hf(
         if tok:
             shutil.copyfile(tok[0], partial / "tokenizer.json")
             (partial / "tokenizer_config.json").write_text(json.dumps(tok[1], indent=2) + "\n")
-        by_name = dict(zip((e[0] for e in entries), keys))
-        _write_safetensors(partial, entries, by_name, convert, max_shard_size, report)
+        _write_safetensors(partial, entries, convert, max_shard_size, report)
         partial.rename(dst)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -366,17 +376,66 @@ def _export_tokenizer(
     return None
 
 
+def part_shape(shape: tuple[int, ...], parts: int) -> tuple[int, ...]:
+    """The shape of each of the `parts` HF tensors a titanlite tensor of `shape` is made of
+    (HFAdapter.split_names: each of its rows is parts / rows of them, concatenated)."""
+    per_row = parts // shape[0]
+    if per_row * shape[0] != parts or shape[1] % per_row:
+        raise ValueError(f"a tensor of shape {shape} is not {parts} stacked tensors")
+    return (shape[1] // per_row, *shape[2:])
+
+
+def _export_entries(
+    hf: HFAdapter,
+    args: Any,
+    keys: list[str],
+    shapes: dict[str, tuple[int, ...]],
+    out_dtype: dict[str, torch.dtype],
+) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], dict[str, tuple[str, int | None, Any]]]:
+    """(the HF tensors to write: name, shape, dtype; HF name -> (its titanlite key, its index
+    among the key's parts or None for the whole key, its shape)). A key's parts are
+    consecutive, so its titanlite tensor is read once."""
+    entries, owner = [], {}
+    for k in keys:
+        names = hf.split_names(k, args)
+        if names is None:
+            parts: list[tuple[str, int | None, tuple[int, ...]]] = [
+                (hf.to_hf_name(k), None, shapes[k])
+            ]
+        else:
+            parts = [(n, j, part_shape(shapes[k], len(names))) for j, n in enumerate(names)]
+        for name, j, shape in parts:
+            entries.append((name, shape, out_dtype[k]))
+            owner[name] = (k, j, shape)
+    return entries, owner
+
+
+def _warn_dropped(
+    hf: HFAdapter, args: Any, keys: list[str], reader: _DcpTensors, report: Report | None
+) -> None:
+    """A note naming the titanlite-only tensors that are not zero (an MoE's expert bias): the
+    exported model, which has no place for them, computes something else."""
+    dropped = [k for k in keys if hf.split_names(k, args) == ()]
+    nonzero = [k for k in dropped if reader.load(f"model.{k}").count_nonzero()]
+    if nonzero and report:
+        report(
+            f"note: {len(nonzero)} of the {len(dropped)} tensors a {hf.label} Hugging Face "
+            f"model has no place for are non-zero and not exported ({nonzero[0]}, ...): the "
+            "exported model routes tokens without them, so its choices of experts and its "
+            "outputs differ from the trained model's"
+        )
+
+
 def _write_safetensors(
     folder: Path,
     entries: list[tuple[str, tuple[int, ...], torch.dtype]],
-    keys: dict[str, str],
     convert: Callable[[str], torch.Tensor],
     max_shard_size: int,
     report: Report | None,
 ) -> None:
     """`entries` (HF name, shape, dtype) as model.safetensors, or as shards of at most
-    `max_shard_size` bytes with their index; each tensor is `convert(keys[HF name])` (the
-    titanlite key), written and dropped in turn."""
+    `max_shard_size` bytes with their index; each tensor is `convert(HF name)`, written and
+    dropped in turn."""
     shards = _shards(entries, max_shard_size)
     names = (
         ["model.safetensors"]
@@ -388,7 +447,7 @@ def _write_safetensors(
     for name, shard in zip(names, shards):
         writer = SafetensorsWriter(folder / name, shard)
         for hf_name, shape, d in shard:
-            t = convert(keys[hf_name]).to(d)
+            t = convert(hf_name).to(d)
             writer.write(hf_name, t)
             progress.tick(hf_name, nbytes(shape, d))
             del t
@@ -498,12 +557,52 @@ class HFFolder:
         self.shapes = hf.state_dict_shapes(self.args)
         self.family = family
         have = {n: e.shape for n, e in self.tensors.items() if not hf.ignored.match(n)}
-        want = {self.source(k): s for k, s in self.shapes.items()}
+        want = dict(part for k in self.shapes for part in self.parts(k))
         _check_tensors(have, want, str(src), self.args, hf)
 
-    def source(self, key: str) -> str:
-        """The HF tensor that titanlite parameter `key` is read from."""
-        return self.hf.source_name(key, self.tied)
+    def parts(self, key: str) -> list[tuple[str, tuple[int, ...]]]:
+        """The HF tensors (name, shape) that titanlite parameter `key` is read from."""
+        shape = self.shapes[key]
+        names = self._stacked(key)
+        if names is None:
+            return [(self.hf.source_name(key, self.tied), shape)]
+        return [(n, part_shape(shape, len(names))) for n in names]
+
+    def _stacked(self, key: str) -> tuple[str, ...] | None:
+        """The HF tensors that `key` is stacked from (HFAdapter.split_names; () for a
+        titanlite-only key, zeros), or None when it is one tensor: the adapter's single one,
+        or the folder's fused tensor when it holds that instead of the parts."""
+        names = self.hf.split_names(key, self.args)
+        if names and names[0] not in self.tensors and self._fused(key):
+            return None
+        return names
+
+    def _fused(self, key: str) -> bool:
+        try:
+            return self.hf.source_name(key, self.tied) in self.tensors
+        except KeyError:  # the adapter names the key's parts only
+            return False
+
+    def rows(self, key: str, lo: int, hi: int, files: dict[Path, BinaryIO]) -> torch.Tensor:
+        """Rows [lo, hi) of parameter `key` as the HF files hold them (before from_hf_tensor),
+        reading only those rows' bytes (of stacked parts, only those rows' parts); `files`:
+        the files opened so far, left open for the next call."""
+        shape, names = self.shapes[key], self._stacked(key)
+        if names is None:
+            entry = self.tensors[self.hf.source_name(key, self.tied)]
+            return read_rows(_opened(files, entry), entry, lo, hi)
+        if not names:
+            return torch.zeros((hi - lo, *shape[1:]))
+        per_row = len(names) // shape[0]
+        entries = [self.tensors[n] for n in names[lo * per_row : hi * per_row]]
+        stacked = [read_tensor(_opened(files, e), e) for e in entries]
+        return torch.cat(stacked).reshape(hi - lo, *shape[1:])
+
+
+def _opened(files: dict[Path, BinaryIO], entry: Entry) -> BinaryIO:
+    if entry.file not in files:
+        files[entry.file] = entry.file.open("rb")
+    return files[entry.file]
 
 
 def hf_to_dcp(
@@ -516,9 +615,11 @@ def hf_to_dcp(
         raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
     folder = HFFolder(src)
     args, tensors, shapes = folder.args, folder.tensors, folder.shapes
-    source = {k: folder.source(k) for k in shapes}
-
-    out_dtype = {k: dtype or tensors[source[k]].dtype for k in shapes}
+    parts = {k: folder.parts(k) for k in shapes}
+    # A titanlite-only tensor (no HF part) is float32, as the model holds it.
+    out_dtype = {
+        k: dtype or (tensors[p[0][0]].dtype if p else torch.float32) for k, p in parts.items()
+    }
     placeholders = {k: torch.empty((), dtype=out_dtype[k]).expand(s) for k, s in shapes.items()}
     progress = _Progress(
         len(shapes), sum(nbytes(s, out_dtype[k]) for k, s in shapes.items()), report
@@ -527,10 +628,7 @@ def hf_to_dcp(
 
     def produce(fqn: str) -> torch.Tensor:
         key = fqn.removeprefix("model.")
-        entry = tensors[source[key]]
-        if entry.file not in files:
-            files[entry.file] = entry.file.open("rb")
-        t = folder.hf.from_hf_tensor(key, read_tensor(files[entry.file], entry), args)
+        t = folder.hf.from_hf_tensor(key, folder.rows(key, 0, shapes[key][0], files), args)
         t = t.to(out_dtype[key]).contiguous()
         progress.tick(key, t.nbytes)
         return t

@@ -29,21 +29,24 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from models import ModelArgs
 from titanlite.components.checkpoint.folder import CheckpointError
 from titanlite.components.checkpoint.hf import HFFolder, dcp_to_hf
-from titanlite.components.checkpoint.safetensors import read_rows
 from titanlite.core.logging import logger
 
 
 def _local_slice(
-    f: BinaryIO, folder: HFFolder, key: str, shape: tuple[int, ...], offset: tuple[int, ...]
+    files: dict[Path, BinaryIO],
+    folder: HFFolder,
+    key: str,
+    shape: tuple[int, ...],
+    offset: tuple[int, ...],
 ) -> torch.Tensor:
-    """The block `shape` at `offset` of titanlite parameter `key`, from the HF file. The
+    """The block `shape` at `offset` of titanlite parameter `key`, from the HF files. The
     adapter's conversion moves rows within a row group only (for Llama, the q/k permutation
-    within a head), so whole groups around the block are read."""
-    entry = folder.tensors[folder.source(key)]
+    within a head), so whole groups around the block are read; of an MoE's experts, stacked
+    from one HF tensor per expert, only the block's experts' tensors."""
     first, stop = offset[0], offset[0] + shape[0]
     span = folder.hf.row_group(key, folder.args)
     lo, hi = first // span * span, -(-stop // span) * span
-    rows = folder.hf.from_hf_tensor(key, read_rows(f, entry, lo, hi), folder.args)
+    rows = folder.hf.from_hf_tensor(key, folder.rows(key, lo, hi, files), folder.args)
     block = rows[first - lo : stop - lo]
     for dim in range(1, len(shape)):
         block = block.narrow(dim, offset[dim], shape[dim])
@@ -51,25 +54,22 @@ def _local_slice(
 
 
 def load_hf_weights(model: nn.Module, src: Path, expect: ModelArgs) -> None:
-    """Set the model's parameters (this rank's share) from Hugging Face folder `src`."""
+    """Set the model's parameters and persistent buffers (this rank's share) from Hugging Face
+    folder `src`; a titanlite-only buffer (an MoE's expert bias) starts at zero."""
     start = time.perf_counter()
     folder = HFFolder(src, expect)
-    # Parameters only: a model's state dict holds no other values.
     current: dict[str, torch.Tensor] = get_model_state_dict(model)  # type: ignore[assignment]
     files: dict[Path, BinaryIO] = {}
     loaded: dict[str, Any] = {}
     try:
         for key, value in current.items():
-            entry = folder.tensors[folder.source(key)]
-            if entry.file not in files:
-                files[entry.file] = entry.file.open("rb")
             if isinstance(value, DTensor):
                 shape, offset = compute_local_shape_and_global_offset(
                     value.shape, value.device_mesh, value.placements
                 )
             else:
                 shape, offset = tuple(value.shape), (0,) * value.dim()
-            local = _local_slice(files[entry.file], folder, key, tuple(shape), tuple(offset))
+            local = _local_slice(files, folder, key, tuple(shape), tuple(offset))
             local = local.to(device=value.device, dtype=value.dtype)
             if isinstance(value, DTensor):
                 local = DTensor.from_local(
