@@ -141,6 +141,33 @@ def test_memory_budget_plan_lies_between_full_and_no_checkpointing():
         assert plans["memory_budget"].bytes[key] == plans["full"].bytes[key]
 
 
+def test_qwen3_30b_a3b_plan_lists_the_moe_terms():
+    # The preset on 64 ranks (FSDP 64, no expert parallel), printed as ./run_train.sh prints it,
+    # then the same job without checkpointing, where every layer keeps its MoE activations.
+    proc = _dry("--config", "qwen3_30b_a3b.toml", "--dry-run.world_size", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert "mesh                 dp_shard=64" in proc.stdout and "-> FITS" in proc.stdout
+    assert "counted on the 3.35B parameters a token activates" in proc.stdout
+    assert "of which Mixture of Experts (128 experts, 8 per token" in proc.stdout
+    job = config.load(["--config", "qwen3_30b_a3b.toml", "--activation_checkpoint.mode", "none"])
+    p = plan(job, 64)
+    args, tokens, e = job.model, 4 * 4096, 2  # local batch 4 x seq 4096, bf16
+    layers, k, dim, hidden, experts = 48, 8, 2048, 768, 128
+    # Expert weights: fp32 parameter, gradient and AdamW's two moments, sharded 64 ways (each
+    # rank 2 of the 128 experts), plus AdamW's step counters.
+    expert_numel = layers * experts * 3 * dim * hidden
+    assert 0 <= p.moe["expert weights + grads + optimizer"] - 16 * expert_numel // 64 < 2**10
+    assert p.moe["router weights + grads + optimizer"] > 0
+    # Without checkpointing every layer keeps its sorted token copies, expert outputs and their
+    # weighted copies (3 e k dim), the slots' weights and the sort's indices.
+    dispatch = layers * tokens * (3 * e * k * dim + e * k + 16 * k)
+    assert p.moe["dispatch buffers (token copies)"] == dispatch
+    assert p.moe["grouped-GEMM activations"] == layers * (tokens * 4 * e * k * hidden + 4 * experts)
+    moe_activations = sum(v for n, v in p.moe.items() if "activations" in n or "dispatch" in n)
+    assert moe_activations < p.bytes["activations (saved)"]
+    assert args.flavor == "30B-A3B"
+
+
 def test_float8_plan_builds_the_nccl_only_paths():
     # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
     # cluster builds them on meta tensors, which is as far as a CPU machine can take them.

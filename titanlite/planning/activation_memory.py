@@ -17,6 +17,8 @@ Activation checkpointing changes what each block keeps until backward:
   1222 KiB at b = 0, 0.5, 1 against the formula's 64, 803 and 1542 KiB; eager no AC kept 1606
   KiB, so compile's saving (24%) outweighs the formula's under-count of eager (4%)
   (tests/unit/parallelisms/test_activation_checkpoint.py).
+An MoE's parts (router, dispatch buffers, grouped-GEMM activations; models/estimate.py) go
+through the same modes on their own, so that the plan can show what its rows hold of each.
 Outside the blocks: what follows the last block (final norm, logits, loss) on the last stage
 only, and what the model builds once per forward for every block (masks, RoPE rows) on every
 stage, whatever the checkpointing mode.
@@ -24,7 +26,7 @@ stage, whatever the checkpointing mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from models import ModelArgs
 from models.spec import ActivationTerms
@@ -38,6 +40,8 @@ class ActivationEstimate:
     recompute: int  # one block's activations rebuilt during backward (AC only)
     outside: int  # final norm, logits/loss
     loss_backward: int  # transient gradient of the logits
+    # What `blocks` and `recompute` hold of an MoE's parts: {part: (in blocks, in recompute)}.
+    moe: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -101,6 +105,18 @@ def estimate_activations(
         outside, loss_backward = terms.outside + terms.shared, terms.loss_backward
     else:  # a pipeline stage before the last: no final norm, logits or loss
         outside, loss_backward = terms.shared, 0
+    moe = {}
+    for part, (full, kept) in terms.moe.items():
+        held, rebuilt = checkpointed_blocks(
+            _only(full, kept), layers, ac_mode, ac_option, memory_budget
+        )
+        moe[part] = (int(held), int(rebuilt))
     return ActivationEstimate(
-        int(terms.full_block), int(blocks), int(recompute), int(outside), int(loss_backward)
+        int(terms.full_block), int(blocks), int(recompute), int(outside), int(loss_backward), moe
     )
+
+
+def _only(full: float, kept: float) -> ActivationTerms:
+    """Terms of a block made of one part (`full` bytes, `kept` of them under selective op
+    checkpointing), nothing of which is the block's input."""
+    return ActivationTerms(full, 0.0, kept, 0.0, 0.0, 0.0)

@@ -66,6 +66,38 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     }
 
 
+def moe_state_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, twin: torch.optim.Optimizer
+) -> dict[str, int]:
+    """This rank's parameter + gradient + optimizer-state bytes of the MoE layers' experts
+    (routed and shared) and routers, read off the same tensors as `state_bytes` (`twin` holds
+    the state of `optimizer`'s parameters' local shards, in the same order); {} for a dense
+    model."""
+    from models.moe import moe_layers
+
+    local = {
+        id(p): t
+        for group, twin_group in zip(optimizer.param_groups, twin.param_groups)
+        for p, t in zip(group["params"], twin_group["params"])
+    }
+    parts: dict[str, list[torch.nn.Parameter]] = {"experts": [], "router": []}
+    for _, layer in moe_layers(model):
+        experts = [layer.experts, layer.shared_experts]
+        parts["experts"] += [p for m in experts if m is not None for p in m.parameters()]
+        parts["router"] += list(layer.router.parameters())
+    if not parts["experts"]:
+        return {}
+    result = {}
+    for name, params in parts.items():
+        state = [v for p in params for v in twin.state[local[id(p)]].values()]
+        grads = [p.grad for p in params if p.grad is not None]
+        result[name] = sum(
+            tensors_bytes(ts)
+            for ts in (params, grads, [v for v in state if isinstance(v, torch.Tensor)])
+        )
+    return result
+
+
 def fsdp_transient_bytes(
     outer: int, block: int, tp: int, param_bytes: int, reduce_bytes: int
 ) -> int:
@@ -138,6 +170,10 @@ class Plan:
     headroom: int = 0
     headroom_note: str = ""  # what the headroom is made of, when the plan estimated it
     warnings: list[str] = field(default_factory=list)  # one line each, for stderr
+    # An MoE's share of the rows above, by part (not added to the total again); {} if dense.
+    moe: dict[str, int] = field(default_factory=dict)
+    moe_note: str = ""  # the MoE's shape, the heading of those rows
+    active_params: int = 0  # the parameters a token runs through (an MoE's FLOPs count these)
 
     @property
     def total(self) -> int:
@@ -146,6 +182,14 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.total <= self.device_memory - self.headroom
+
+    def _activated(self) -> str:
+        if self.active_params == self.n_params:
+            return ""
+        return (
+            f" (an MoE: counted on the {self.active_params / 1e9:.2f}B parameters a token"
+            " activates, as its MFU)"
+        )
 
     def render(self) -> str:
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
@@ -159,7 +203,7 @@ class Plan:
         if self.context_parallel:
             lines.append("  " + self.context_parallel)
         lines += [
-            f"  FLOPs per step       {self.flops_per_step:.3e}",
+            f"  FLOPs per step       {self.flops_per_step:.3e}{self._activated()}",
         ]
         if self.memory_budget:
             lines.append("  " + self.memory_budget)
@@ -181,6 +225,9 @@ class Plan:
         )
         if self.headroom_note:
             lines.append("    " + self.headroom_note)
+        if self.moe:
+            lines.append(f"  of which Mixture of Experts ({self.moe_note}; included above):")
+            lines += [f"    {name:<36} {value / GIB:9.2f} GiB" for name, value in self.moe.items()]
         if not self.fits:
             top = max(self.bytes, key=lambda name: self.bytes[name])
             remedy = (
@@ -207,7 +254,9 @@ def plan(
     the family's, e.g. Llama 3's 128,256). `headroom_gib`: what the verdict keeps free; by
     default the CUDA context and this rank's NCCL communicators (titanlite/planning/headroom.py)."""
     start = time.perf_counter()
-    pre, built, sizes, n_comms = _build_on_meta(job, world_size, rank, device_type, vocab_size)
+    pre, built, sizes, moe_states, n_comms = _build_on_meta(
+        job, world_size, rank, device_type, vocab_size
+    )
     kept = headroom(device_type, n_comms)
     dims, t = pre.dims, job.training
     act, pipeline, batch = _activations(job, pre, built, rank, device_type)
@@ -228,6 +277,7 @@ def plan(
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
     per_rank = batch * t.seq_len // dims.cp
     context_parallel, memory_budget = _notes(job, pre, built, batch)
+    moe, moe_note = _moe_rows(pre.model_args, moe_states, act)
     spec = built.family.model
     return Plan(
         world_size=world_size,
@@ -252,7 +302,38 @@ def plan(
         context_parallel=context_parallel,
         memory_budget=memory_budget,
         warnings=warnings,
+        moe=moe,
+        moe_note=moe_note,
+        active_params=_active_params(spec, pre.model_args),
     )
+
+
+def _active_params(spec, args) -> int:
+    if getattr(args, "moe", None) is None:
+        return spec.num_params(args)
+    return spec.num_params(args, active_only=True)
+
+
+MOE_ACTIVATIONS = {  # models/estimate.py's parts -> the plan's rows
+    "dispatch": "dispatch buffers (token copies)",
+    "grouped GEMMs": "grouped-GEMM activations",
+    "router": "router activations",
+    "shared experts": "shared-expert activations",
+}
+
+
+def _moe_rows(args, states: dict[str, int], act: ActivationEstimate) -> tuple[dict[str, int], str]:
+    """The MoE rows (what the state and activation rows hold of its parts) and their heading."""
+    moe = getattr(args, "moe", None)
+    if moe is None or not states:
+        return {}, ""
+    rows = {
+        "expert weights + grads + optimizer": states["experts"],
+        "router weights + grads + optimizer": states["router"],
+    }
+    for part, (blocks, recompute) in act.moe.items():
+        rows[MOE_ACTIVATIONS[part]] = blocks + recompute
+    return rows, f"{moe.num_experts} experts, {moe.top_k} per token, no expert parallel"
 
 
 def _notes(job: JobConfig, pre: Preflight, built: BuiltModel, batch: int) -> tuple[str, str]:
@@ -276,10 +357,10 @@ def _notes(job: JobConfig, pre: Preflight, built: BuiltModel, batch: int) -> tup
 
 def _build_on_meta(
     job: JobConfig, world_size: int, rank: int, device_type: str, vocab_size: int | None
-) -> tuple[Preflight, BuiltModel, dict[str, int], int]:
-    """(the preflight record, the built model, its per-rank state bytes, the rank's NCCL
-    communicators): the checks, model, parallelization and optimizer of a real launch, on meta
-    tensors under a fake process group."""
+) -> tuple[Preflight, BuiltModel, dict[str, int], dict[str, int], int]:
+    """(the preflight record, the built model, its per-rank state bytes, those of its MoE
+    experts and routers, the rank's NCCL communicators): the checks, model, parallelization and
+    optimizer of a real launch, on meta tensors under a fake process group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from titanlite.build import assemble as build
@@ -302,11 +383,12 @@ def _build_on_meta(
         optimizer = build.build_optimizer(job, built)
         twin = _create_optimizer_state(built.model, optimizer)
         sizes = state_bytes(built.model, twin)
+        moe_states = moe_state_bytes(built.model, optimizer, twin)
         sizes["buffers (RoPE table)"] = tensors_bytes(built.model.buffers())
         n_comms = communicators()
     finally:
         dist.destroy_process_group()
-    return pre, built, sizes, n_comms
+    return pre, built, sizes, moe_states, n_comms
 
 
 def _activations(
@@ -339,7 +421,8 @@ def _activations(
         device_type=device_type,
     )
     if in_flight > 1:
-        act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight)
+        moe = {part: (b * in_flight, r) for part, (b, r) in act.moe.items()}
+        act = replace(act, blocks=act.blocks * in_flight, outside=act.outside * in_flight, moe=moe)
     return act, pipeline, batch
 
 
