@@ -1,5 +1,5 @@
 """Convert titanlite checkpoints: DCP folder (any layout) <-> one torch.save file or a Hugging Face
-Llama folder.
+folder (Llama, Qwen3, Qwen3 MoE).
 
     python scripts/convert_checkpoint.py dcp-to-torch outputs/checkpoint/step-100 model.pt [--all]
     python scripts/convert_checkpoint.py torch-to-dcp model.pt outputs/seed/checkpoint/step-0
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("dcp-to-torch", help="model weights (or everything) as one torch.save file")
     p.add_argument("--all", action="store_true", help="every key, not just the model")
     sub.add_parser("torch-to-dcp", help="a torch.save file as a titanlite checkpoint")
-    p = sub.add_parser("dcp-to-hf", help="the model as a Hugging Face Llama folder")
+    p = sub.add_parser("dcp-to-hf", help="the model as a Hugging Face folder")
     p.add_argument(
         "--tokenizer",
         type=Path,
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         help="context length in config.json (default: the trained sequence length, "
         "or 131072 for a model with Llama 3.1 RoPE scaling)",
     )
-    sub.add_parser("hf-to-dcp", help="a Hugging Face Llama folder as a titanlite checkpoint")
+    sub.add_parser("hf-to-dcp", help="a Hugging Face folder as a titanlite checkpoint")
     for name, p in sub.choices.items():
         p.add_argument("src", type=Path)
         p.add_argument("dst", type=Path)
