@@ -168,15 +168,23 @@ class _AttachAuxLoss(torch.autograd.Function):
         return grad, torch.full(shape, ctx.weight, dtype=dtype, device=device), None
 
 
-def sequence_aux_loss(scores: torch.Tensor, chosen: torch.Tensor, sequences: int) -> torch.Tensor:
+def sequence_aux_loss(
+    scores: torch.Tensor,
+    chosen: torch.Tensor,
+    sequences: int,
+    sequence_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The Switch load-balancing loss of each sequence, averaged over the sequences: scores
-    (tokens, E) float32, chosen (tokens, k); the tokens are `sequences` sequences in order."""
+    (tokens, E) float32, chosen (tokens, k); the tokens are `sequences` sequences in order, or
+    equal pieces of them whose per-sequence means `sequence_mean` completes."""
     num_experts = scores.shape[-1]
     routed = torch.zeros_like(scores).scatter_add_(
         -1, chosen, torch.ones_like(scores[:, :1]).expand_as(chosen)
     )
     share = routed.view(sequences, -1, num_experts).mean(1)  # routed to e per token, k in all
     probability = scores.view(sequences, -1, num_experts).mean(1)
+    if sequence_mean is not None:
+        share, probability = sequence_mean(torch.cat([share, probability], -1)).chunk(2, -1)
     return num_experts * (share * probability).sum(-1).mean()
 
 
@@ -198,6 +206,9 @@ class MoE(nn.Module):
         # Set by the trainer (set_aux_loss_weight): the objective is a mean over its step's
         # sequences, this forward holding x.shape[0] of them.
         self.sequences_per_step = 1
+        # Set by a layout that gives this layer only a piece of each sequence (tensor parallel):
+        # completes a per-sequence mean over the other pieces, for the auxiliary loss.
+        self.sequence_mean: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.last_aux_loss: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +227,7 @@ class MoE(nn.Module):
         out = by_slot.view(-1, k, dim).sum(1)
         if self.args.load_balance == "aux_loss" and torch.is_grad_enabled():
             sequences = batch_shape[0] if x.dim() == 3 else 1
-            aux = sequence_aux_loss(scores, chosen, sequences)
+            aux = sequence_aux_loss(scores, chosen, sequences, self.sequence_mean)
             self.last_aux_loss = aux.detach()
             share = sequences / self.sequences_per_step
             out = _AttachAuxLoss.apply(out, aux, self.args.aux_loss_coef * share)

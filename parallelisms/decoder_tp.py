@@ -4,7 +4,8 @@ options (parallelisms/<family>/tensor_parallel.py).
 
 Inside a block: q/k/v and w1/w3 are split column-wise (each rank owns whole heads / a slice of
 the hidden units), wo and w2 row-wise, so a block costs one all-gather in and one reduce-scatter
-out. Between blocks activations stay sharded on the sequence dim (the RMSNorms run on their
+out. A Mixture-of-Experts feed-forward instead runs on the sequence shard with its parameters
+replicated (parallelisms/moe_tp.py). Between blocks activations stay sharded on the sequence dim (the RMSNorms run on their
 shard). The output head is column-wise; with loss parallel the logits stay sharded over the
 vocabulary and cross-entropy runs on the shards.
 """
@@ -21,6 +22,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from models.moe import MoE
+from parallelisms.moe_tp import apply_moe_tp
 from parallelisms.tensor_parallel import EmbeddingParallel, tp_styles
 
 
@@ -65,16 +68,26 @@ def apply_decoder_tp(
             "attention.wv": colwise(),
             "attention.wo": rowwise(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": prepare_input(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w1": colwise(),
-            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-            "feed_forward.w3": colwise(),
         }
+        ffn = block.feed_forward
+        if not isinstance(ffn, MoE):
+            block_plan |= _feed_forward(colwise, rowwise, prepare_input)
         if qk_norm:
             block_plan |= _qk_norms()
         parallelize_module(block, tp_mesh, block_plan)
+        if isinstance(ffn, MoE):  # token-wise on the sequence shard, parameters replicated
+            apply_moe_tp(ffn, tp_mesh)
+
+
+def _feed_forward(colwise: type, rowwise: type, prepare_input: type) -> dict[str, ParallelStyle]:
+    return {
+        "feed_forward": prepare_input(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": colwise(),
+    }
 
 
 # A query/key norm sees only this rank's heads: (batch, seq, local heads, head_dim) after the

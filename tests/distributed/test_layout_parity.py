@@ -165,6 +165,11 @@ LAYOUTS = {
     "qwen3_moe_fsdp2_accum2": (2, [LBS, "2", *ACCUM2, *QWEN3_MOE]),
     "qwen3_moe_bias_one": (1, [LBS, "8", *QWEN3_MOE_BIAS]),
     "qwen3_moe_bias_fsdp2": (2, [LBS, "4", *QWEN3_MOE_BIAS]),
+    # Under TP each rank routes its sequence shard through replicated experts: their gradients
+    # and the expert counts are summed over tp, the aux loss's statistics completed over tp.
+    "qwen3_moe_tp2": (2, [LBS, "8", TP, "2", *QWEN3_MOE]),
+    "qwen3_moe_bias_tp2": (2, [LBS, "8", TP, "2", *QWEN3_MOE_BIAS]),
+    "qwen3_moe_bias_fsdp2_tp2": (4, [LBS, "4", TP, "2", *QWEN3_MOE_BIAS]),
 }
 # A layout's one-process run of the same model: "one" unless named here.
 REFERENCES = {
@@ -176,6 +181,9 @@ REFERENCES = {
     "qwen3_moe_fsdp2": "qwen3_moe_one",
     "qwen3_moe_fsdp2_accum2": "qwen3_moe_one",
     "qwen3_moe_bias_fsdp2": "qwen3_moe_bias_one",
+    "qwen3_moe_tp2": "qwen3_moe_one",
+    "qwen3_moe_bias_tp2": "qwen3_moe_bias_one",
+    "qwen3_moe_bias_fsdp2_tp2": "qwen3_moe_bias_one",
 }
 BF16 = ["--training.mixed_precision_param", "bfloat16"]
 # bfloat16 mixed precision against one process under bf16 autocast (BF16_RTOL below says why
@@ -301,6 +309,30 @@ def test_layout_matches_single_process(world, name):
     # The run must have learned something, or equal losses would prove little.
     assert baseline["losses"][-1] < baseline["losses"][0] - 0.5
     _check_layout_facts(name, result, baseline)
+    if baseline.get("routing") is not None:
+        _check_routing(result["routing"], baseline["routing"])
+
+
+def _check_routing(ranks: list, reference: list) -> None:
+    """Step 1 routed every token of every rank to the experts one process chose for it: each
+    rank's rows are matched with one process's by their input ids, and under tensor parallel
+    its chosen experts are for its piece of the sequence (tp rank r: the r-th)."""
+    [(_, [whole])] = reference
+    rows = {tuple(ids.tolist()): i for i, ids in enumerate(whole["inputs"])}
+    batch, seq = whole["inputs"].shape
+    compared = 0
+    for tp_rank, forwards in ranks:
+        for forward in forwards:
+            assert set(forward["chosen"]) == set(whole["chosen"]), forward["chosen"].keys()
+            for layer, chosen in forward["chosen"].items():
+                want = whole["chosen"][layer].view(batch, seq, -1).sort(-1).values
+                mine = chosen.view(len(forward["inputs"]), -1, chosen.shape[-1]).sort(-1).values
+                piece = mine.shape[1]
+                for ids, got in zip(forward["inputs"], mine):
+                    row = want[rows[tuple(ids.tolist())]]
+                    assert torch.equal(got, row[tp_rank * piece : (tp_rank + 1) * piece]), layer
+                    compared += got.shape[0]
+    assert compared >= batch * seq * len(whole["chosen"]), compared
 
 
 def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:

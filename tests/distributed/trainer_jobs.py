@@ -12,12 +12,14 @@ trainer therefore leaves alone. Rank 0 saves each job's result: every step's los
 norm, the step it resumed from, the tokens it has seen and, with `record`, the full gradients
 of step 1 (after clipping, as the optimizer saw them) and the full final weights, gathered from
 shards and pipeline stages, with the names of those whose copies on different ranks differ, and
-what the layout did (`layout_facts`: the compiled modules, each cp rank's positions).
+what the layout did (`layout_facts`: the compiled modules, each cp rank's positions; for an
+MoE, each router's chosen experts in step 1 with the rows they were for).
 A job that fails ends the group: the jobs after it have no result, and result() says why.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -29,6 +31,7 @@ from helpers import group_timeouts, spawn
 from host_syncs import probed_train
 from torch.distributed.tensor import DTensor
 
+from models.moe import moe_layers
 from titanlite.core import distributed
 from titanlite.core.logging import init_logger
 from titanlite.preflight import checks as preflight
@@ -136,6 +139,41 @@ def layout_facts(model: torch.nn.Module, shards) -> dict:
     }
 
 
+class FirstStepRouting:
+    """Each MoE router's chosen experts in the first step's forwards, with the forwards' input
+    ids, so that a test can match a rank's rows (its share of the batch, and under tensor
+    parallel its piece of each sequence) with one process's. Nothing for a dense model."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.forwards: list[dict] = []
+        self.recording = True
+        layers = list(moe_layers(model)) if isinstance(model, torch.nn.Module) else []
+        self.handles = [model.register_forward_pre_hook(self._inputs)] if layers else []
+        for name, layer in layers:
+            hook = functools.partial(self._chosen, _clean(name))
+            self.handles.append(layer.router.register_forward_hook(hook))
+
+    def _inputs(self, module, args) -> None:
+        if self.recording:
+            self.forwards.append({"inputs": args[0].detach().cpu(), "chosen": {}})
+
+    def _chosen(self, name: str, module, args, output) -> None:
+        if self.recording and self.forwards and module.training:
+            self.forwards[-1]["chosen"][name] = output[1].detach().cpu()
+
+    def gathered(self, trainer: Trainer) -> list | None:
+        """Every rank's (tp rank, forwards), in rank order. Collective."""
+        for handle in self.handles:
+            handle.remove()
+        if not self.handles:
+            return None
+        tp = trainer.meshes.tp
+        mine = (tp.get_local_rank() if tp is not None else 0, self.forwards)
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        return everyone
+
+
 class FirstStepGradients:
     """The trainer's own step, unchanged, that keeps the gradients its first call leaves."""
 
@@ -143,9 +181,12 @@ class FirstStepGradients:
         self.trainer, self.step = trainer, trainer.train_step
         self.grads: dict[str, torch.Tensor] | None = None
         self.differ: list[str] = []
+        self.routing: FirstStepRouting | None = None
 
     def __call__(self, microbatches):
         out = self.step(microbatches)
+        if self.routing is not None:
+            self.routing.recording = False
         if self.grads is None:
             self.grads, self.differ = full_tensors(self.trainer.model, "grad")
         return out
@@ -168,6 +209,7 @@ def run_job(argv: list[str], record: bool, on_trainer=None, probe: bool = False)
         first = FirstStepGradients(trainer)
         if record:
             trainer.train_step = first  # type: ignore[assignment]
+            first.routing = FirstStepRouting(trainer.model)
         records = trainer.train()
         result["tokens_seen"] = trainer.train_state.tokens_seen
         result["losses"] = [r["loss"] for r in records]
@@ -179,6 +221,7 @@ def run_job(argv: list[str], record: bool, on_trainer=None, probe: bool = False)
             result["grads"], result["grads_differ"] = first.grads, first.differ
             result["weights"], result["weights_differ"] = full_tensors(trainer.model, "param")
             result.update(layout_facts(trainer.model, first.step.sequence_shards))
+            result["routing"] = first.routing.gathered(trainer)
         return result
     finally:
         trainer.close()

@@ -60,10 +60,13 @@ class TrainStep:
         max_norm: float,
         nonfinite: NonFiniteGuard,
         sync_last_microbatch_only: bool = False,
+        expert_load_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         """`step()`: the step being trained (for the non-finite guard's messages);
         `sync_last_microbatch_only`: FSDP reduce-scatters once per step, after the last
-        micro-batch, instead of once per micro-batch (for more memory)."""
+        micro-batch, instead of once per micro-batch (for more memory); `expert_load_sum`: the
+        tokens-per-expert counts' sum over every rank that routed other tokens (`global_sum`
+        unless given)."""
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.loss_fn, self.step, self.device, self.amp = loss_fn, step, device, amp
         self.loss_parallel, self.sequence_shards = loss_parallel, sequence_shards
@@ -72,6 +75,7 @@ class TrainStep:
         self.sync_last_microbatch_only = sync_last_microbatch_only
         self.params = [q for q in model.parameters() if q.requires_grad]
         self.has_moe = any(True for _ in moe_layers(model))
+        self.expert_load_sum = expert_load_sum or global_sum
 
     def __call__(self, microbatches: list[Microbatch]) -> StepOutput:
         self.optimizer.zero_grad(set_to_none=True)
@@ -86,7 +90,7 @@ class TrainStep:
         loss_sum = self.share_loss(loss_sum)
         grad_norm = clip_grad_norm_(self.params, self.max_norm, pp_group=self.pp_group)
         if self.has_moe:  # the step's expert load over data-parallel ranks; the expert bias
-            finish_step(self.model, self.global_sum)
+            finish_step(self.model, self.expert_load_sum)
         lr = float(self.lr_scheduler.get_last_lr()[0])
         self.nonfinite.step_optimizer(self.optimizer, self.step(), grad_norm)
         self.lr_scheduler.step()

@@ -206,6 +206,7 @@ class Trainer:
             sequence_shards=built.sequence_shards,
             loss_ranks=dims.loss_ranks,
             global_sum=self.global_sum,
+            expert_load_sum=self.expert_load_sum,
             max_norm=job.training.max_norm,
             nonfinite=self.nonfinite,
         )
@@ -332,6 +333,14 @@ class Trainer:
         value = value.clone()
         if self.meshes.dp_cp is not None:
             dist.all_reduce(value, group=self.meshes.dp_cp.get_group())
+        return value
+
+    def expert_load_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """global_sum, and over tensor parallel too: each tp rank routes its own sequence shard
+        through the replicated experts (parallelisms/moe_tp.py)."""
+        value = self.global_sum(value)
+        if self.meshes.tp is not None:
+            dist.all_reduce(value, group=self.meshes.tp.get_group())
         return value
 
     def global_mean(self, value: torch.Tensor) -> float:

@@ -1,0 +1,99 @@
+"""Tensor parallel for a Mixture-of-Experts feed-forward (models/moe.py): token-wise, replicated.
+
+Under sequence parallel the MoE's input is this tp rank's sequence shard. The MoE is token-wise,
+so each tp rank routes and computes its own tokens with the whole router, experts and shared
+experts, REPLICATED over the tp mesh, and its output stays sequence-sharded: no collective in the
+forward but the auxiliary loss's (below), nothing to all-gather or reduce-scatter.
+
+Gradients. The replicated parameters are DTensors (Replicate) on the tp mesh, like the norms'
+weights, so FSDP shards them over the data-parallel mesh as it does any 2-D parameter. During the
+MoE's forward each is swapped for its local tensor through `_SumOverTp`: identity forward, and a
+backward that all-reduces the gradient over tp, since each tp rank saw other tokens (q/k norms in
+parallelisms/decoder_tp.py get the same sum from DTensor itself).
+
+Load statistics. Each tp rank counts its own tokens per expert; the trainer sums them over tp as
+well as over data and context parallel (Trainer.expert_load_sum), so the expert bias moves the
+same on every rank.
+
+The per-sequence auxiliary loss needs each sequence's whole statistics: `sequence_mean` averages
+the (sequences, E) shares and probabilities over the tp ranks (the shards are equal in length).
+Every tp rank then holds the same loss and back-propagates it; the mean's backward is the local
+1/tp share of the gradient with no collective (as DTensor's Partial -> Replicate), so the loss
+counts once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+from models.moe import MoE
+
+
+def apply_moe_tp(moe: MoE, tp_mesh: DeviceMesh) -> None:
+    """Make `moe` token-wise tensor parallel on `tp_mesh` (its input: the local sequence shard,
+    or a DTensor sharded on the sequence, which it takes locally; its output: the local shard)."""
+    group = tp_mesh.get_group()
+    for module in moe.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            replicated = distribute_tensor(param.data, tp_mesh, [Replicate()])
+            module.register_parameter(name, nn.Parameter(replicated, param.requires_grad))
+    moe.sequence_mean = _SequenceMean(group)
+    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+    def local_params(module: nn.Module, args: tuple) -> tuple:
+        for sub in module.modules():
+            for name, param in list(sub._parameters.items()):
+                if isinstance(param, DTensor):
+                    swapped.append((sub, name, param))
+                    sub._parameters[name] = _SumOverTp.apply(param.to_local(), group)
+        return tuple(a.to_local() if isinstance(a, DTensor) else a for a in args)
+
+    def restore(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        while swapped:
+            sub, name, param = swapped.pop()
+            sub._parameters[name] = param
+        return output
+
+    moe.register_forward_pre_hook(local_params)
+    moe.register_forward_hook(restore, always_call=True)
+
+
+class _SumOverTp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _SequenceMean:
+    """Mean of a per-sequence statistic over the tp ranks, each holding one equal piece of every
+    sequence."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+
+    def __call__(self, value: torch.Tensor) -> torch.Tensor:
+        return _MeanOverPieces.apply(value, self.group)
+
+
+class _MeanOverPieces(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.size = dist.get_world_size(group)
+        total = value.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return total / ctx.size
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad / ctx.size, None
