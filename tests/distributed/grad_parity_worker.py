@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from trainer_jobs import layout_facts
 
+from models.moe import set_aux_loss_weight
+
 SEED, BATCH, SEQ = 0, 8, 64
 
 
@@ -35,14 +37,15 @@ class Layout:
     cp: int = 1
     load_balancer: str = "headtail"
     model: dict = field(default_factory=dict)  # args overrides (the mask and its kernel)
-    family: str = "llama3"  # its debugmodel flavor
+    family: str = "llama3"
+    flavor: str = "debugmodel"
 
     @property
     def world(self) -> int:
         return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
 
-def _model_args(overrides: dict, family: str):
+def _model_args(overrides: dict, family: str, flavor: str = "debugmodel"):
     from titanlite.data import Tokenizer, resolve_tokenizer_path
     from titanlite.families import get_family
 
@@ -50,7 +53,7 @@ def _model_args(overrides: dict, family: str):
     # "auto", as every preset: causal SDPA, and per-piece varlen under context parallel.
     return (
         get_family(family)
-        .model.flavors["debugmodel"]
+        .model.flavors[flavor]
         .with_overrides(
             **{"vocab_size": vocab, "max_seq_len": SEQ, "attn_type": "auto", **overrides}
         )
@@ -81,7 +84,11 @@ def _clean(name: str) -> str:
 
 
 def reference_grads(
-    float8: bool, splits: int = 1, model: tuple = (), family: str = "llama3"
+    float8: bool,
+    splits: int = 1,
+    model: tuple = (),
+    family: str = "llama3",
+    flavor: str = "debugmodel",
 ) -> dict[str, torch.Tensor]:
     """One process, no parallelism. With `splits`, the batch is cut as data parallel cuts it and
     the parts' gradients averaged: float8 scales each tensor by its amax, which under data
@@ -91,13 +98,14 @@ def reference_grads(
     from titanlite.components.loss import cross_entropy_loss
     from titanlite.families import get_family
 
-    args = _model_args(dict(model), family)
+    args = _model_args(dict(model), family, flavor)
     with torch.device("meta"):
         model = get_family(family).model.model_cls(args)
     if float8:
         convert_to_float8(model, _float8_options())
     model.to_empty(device="cpu")
     model.init_weights(SEED)
+    set_aux_loss_weight(model, BATCH)
     inputs, labels = _batch(args)
     for part_in, part_lab in zip(inputs.chunk(splits), labels.chunk(splits)):
         (cross_entropy_loss(model(part_in), part_lab) / splits).backward()
@@ -114,7 +122,7 @@ def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
     from titanlite.families import get_family
 
     family = get_family(layout.family)
-    args = _model_args(layout.model, layout.family)
+    args = _model_args(layout.model, layout.family, layout.flavor)
     dims = ParallelDims.resolve(
         layout.dp_replicate, layout.dp_shard, layout.tp, layout.world, layout.pp, layout.cp
     )
@@ -145,6 +153,7 @@ def layout_grads(layout: Layout, facts: dict) -> dict[str, torch.Tensor | None]:
         model.to_empty(device="cpu")
         model.init_weights(SEED)
         model.train()
+        set_aux_loss_weight(model, len(inputs))  # an MoE's aux loss, as the trainer weighs it
         loss_fn = torch.compile(cross_entropy_loss) if opts.compile else cross_entropy_loss
         n = layout.microbatches
         windows = window.chunk(n) if window is not None else [None] * n
@@ -236,13 +245,14 @@ def run(rank: int, world: int, layouts: dict[str, dict], out: str) -> None:
     import torch._dynamo
 
     torch.set_num_threads(1)
-    refs: dict[tuple[bool, int], dict] = {}
+    refs: dict[tuple, dict] = {}
     results = {}
     for name, spec in layouts.items():
         layout = Layout(**spec)
         assert layout.world == world, (name, layout.world, world)
         splits = layout.dp_replicate * layout.dp_shard if layout.float8 else 1
-        key = (layout.float8, splits, tuple(sorted(layout.model.items())), layout.family)
+        model = tuple(sorted(layout.model.items()))
+        key = (layout.float8, splits, model, layout.family, layout.flavor)
         if key not in refs:
             refs[key] = reference_grads(*key)
         torch._dynamo.reset()  # each layout compiles from scratch, as a fresh run would

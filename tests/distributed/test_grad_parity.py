@@ -30,6 +30,9 @@ AC_OP = {"ac_mode": "selective", "ac_option": "op"}
 # Documents that cross the cp chunk borders (grad_parity_worker._batch plants the BOS tokens).
 DOCUMENTS = {"attn_mask_type": "block_causal", "bos_id": 1}
 TIED = {"tie_word_embeddings": True}
+# 8 experts, 2 per token, with the aux loss (weighed as the trainer weighs it); under TP the
+# experts are replicated and each rank routes its sequence shard (parallelisms/moe_tp.py).
+QWEN3_MOE = {"family": "qwen3", "flavor": "debugmodel_moe"}
 WORLD2 = {
     "fsdp2": {"dp_shard": 2},
     "ddp2": {"dp_replicate": 2},
@@ -59,6 +62,8 @@ WORLD2 = {
     "qwen3_tp2": {"family": "qwen3", "tp": 2},
     "qwen3_tied_fsdp2": {"family": "qwen3", "dp_shard": 2, "model": TIED},
     "qwen3_tied_tp2": {"family": "qwen3", "tp": 2, "model": TIED},
+    "qwen3_moe_fsdp2": {**QWEN3_MOE, "dp_shard": 2},
+    "qwen3_moe_tp2": {**QWEN3_MOE, "tp": 2},
     "qwen3_pp2": {"family": "qwen3", "pp": 2},
     "qwen3_cp2_documents": {"family": "qwen3", "cp": 2, "model": DOCUMENTS},
 }
@@ -84,6 +89,7 @@ WORLD4 = {
     "cp2_tp2_ac_op": {"cp": 2, "tp": 2, "opts": AC_OP},
     "pp2_cp2": {"pp": 2, "cp": 2},
     "qwen3_tied_fsdp2_tp2": {"family": "qwen3", **FSDP2_TP2, "model": TIED},
+    "qwen3_moe_fsdp2_tp2": {**QWEN3_MOE, **FSDP2_TP2},
 }
 
 
