@@ -201,3 +201,21 @@ def test_configs_with_dense_blocks_are_refused_by_the_converter(hf_folder, tmp_p
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert message in lines[0] and "every block MoE" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_published_30b_a3b_config_reads_as_the_flavor():
+    # Qwen/Qwen3-30B-A3B's config.json, as published (the fields titanlite reads)
+    published = {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32,
+        "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+        "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "use_sliding_window": False,
+        "vocab_size": 151936,
+    }  # fmt: skip
+    want = dataclasses.replace(FLAVORS["30B-A3B"], vocab_size=151936)
+    assert HF.args_from_hf_config(published) == want
