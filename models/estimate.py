@@ -23,9 +23,10 @@ degree t (sequence parallel: norms work on 1/t of the tokens):
                                         tests/unit/models/qwen3/test_qwen3_model.py
     SwiGLU      4 x e*F/t               w1 and w3 outputs, silu(w1), their product (w2 input)
 
-A Mixture-of-Experts feed-forward (models/moe.py; E experts, k per token, expert width h,
-without tensor or expert parallel) replaces the SwiGLU term; its input is the norm output
-counted above. Per token (`moe_terms`):
+A Mixture-of-Experts feed-forward (models/moe.py; E experts, k per token, expert width h; no
+expert parallel yet) replaces the SwiGLU term; its input is the norm output counted above, which
+under tensor parallel is not gathered (the MoE runs on this rank's sequence shard,
+parallelisms/moe_tp.py: e*d/t instead of e*d). Per token of the shard (`moe_terms`):
 
     router      4E + 8k                 float32 scores (softmax/sigmoid output), top-k indices
                 + 4k + 4                the chosen float32 weights and their sum (renormalized,
@@ -38,8 +39,10 @@ counted above. Per token (`moe_terms`):
     GEMMs                               (w2's input)
     shared      4 x e*Fs                shared experts: a SwiGLU of width Fs
 Once per forward and layer: the int32 group ends (4E) and, with the auxiliary loss, the float32
-routed shares of each sequence (4E per sequence). Measured byte for byte in float32 and bfloat16
-(saved-tensor hooks on the debug MoE's first layer, tests/unit/models/test_moe_estimate.py).
+routed shares of each sequence (4E per sequence; 8E under tensor parallel, where shares and
+probabilities are averaged over the tp ranks as one tensor). Measured byte for byte in float32
+and bfloat16 (saved-tensor hooks on the debug MoE's first layer, and under tensor parallel 2 on
+a fake process group, tests/unit/models/test_moe_estimate.py).
 Selective op checkpointing keeps, of an MoE, the router gate's output (e*E per token: the fifth
 matmul of the block; the grouped GEMMs are not on its list, parallelisms/activation_checkpoint.py)
 and, with shared experts, their w3 output; derived from the policy, not measured.
@@ -124,14 +127,18 @@ def cp_key_rows(seq_len: int, cp: int, kernel: str) -> float:
 
 
 def moe_terms(
-    moe: Any, dim: int, compute_bytes: int, *, tokens: int, sequences: int
+    moe: Any, dim: int, compute_bytes: int, *, tokens: int, sequences: int, tp: int = 1
 ) -> dict[str, tuple[float, float]]:
-    """An MoE feed-forward's activations for `tokens` tokens in `sequences` sequences (one
-    forward of one layer), by part: {part: (bytes without checkpointing, bytes selective op
-    checkpointing keeps)} (the module docstring gives the terms)."""
+    """An MoE feed-forward's activations for `tokens` tokens (this rank's: under tensor parallel
+    its sequence shard) in `sequences` sequences (one forward of one layer), by part:
+    {part: (bytes without checkpointing, bytes selective op checkpointing keeps)} (the module
+    docstring gives the terms)."""
     e, d, k, n_e, h = compute_bytes, dim, moe.top_k, moe.num_experts, moe.hidden_dim
     router = 4 * n_e + 8 * k + (4 * k + 4 if moe.norm_topk_prob else 0)
-    aux_share = 4 * n_e * sequences if moe.load_balance == "aux_loss" else 0
+    # Under tp the shares and probabilities are averaged over the ranks as one (sequences, 2E)
+    # tensor, of which the product keeps both halves.
+    aux_share = 4 * n_e * sequences * (2 if tp > 1 else 1)
+    aux_share = aux_share if moe.load_balance == "aux_loss" else 0
     parts = {
         "router": (tokens * router + aux_share, tokens * e * n_e),
         "dispatch": (tokens * (3 * e * k * d + e * k + 16 * k), 0),
@@ -163,7 +170,9 @@ def block_activations(
     tokens = local_batch_size * seq_len // cp  # this rank's tokens
 
     norms = 2 * (4 * d + 4) / t
-    gathered = 2 * e * d
+    moe = getattr(args, "moe", None)
+    # An MoE runs on the sequence shard (parallelisms/moe_tp.py): its norm output is not gathered.
+    gathered = 2 * e * d if moe is None else e * d + e * d / t
     # Keys and values: under context parallel those the kernel is given of the whole sequence.
     kv_per_token = cp_key_rows(seq_len, cp, kernel) / (seq_len // cp) if cp > 1 else 1
     attention = e * (q + 2 * kv * kv_per_token) / t + 2 * e * q / t + 4 * n / t
@@ -175,14 +184,13 @@ def block_activations(
     if per_block_mask:
         attention += e * seq_len  # SDPA's additive copy of the boolean mask, one per block
     block_input = tokens * e * d / t
-    moe = getattr(args, "moe", None)
     if moe is None:
         feed_forward = tokens * 4 * e * ffn / t  # SwiGLU
         # Selective op: every second matmul output (wq, wv, w1, w2) + SDPA output + input;
         # w2's partial sums before the reduce-scatter, and its result.
         op_ffn = e * ffn / t + (e * d if t == 1 else e * d + e * d / t)
     else:
-        parts = moe_terms(moe, d, e, tokens=tokens, sequences=local_batch_size)
+        parts = moe_terms(moe, d, e, tokens=tokens // t, sequences=local_batch_size, tp=t)
         feed_forward = sum(full for full, _ in parts.values())
         op_ffn = sum(kept for _, kept in parts.values()) / tokens
     full_block = tokens * (norms + gathered + attention) + feed_forward
@@ -248,7 +256,9 @@ def activations(
         outside=tokens * ((4 * d + 4) / t + e * d + 4 * logits_width),
         shared=shared_activations(args, kernel=kernel, **shape),
         loss_backward=tokens * 8 * logits_width,
-        moe={} if moe is None else moe_terms(moe, d, e, tokens=tokens, sequences=local_batch_size),
+        moe={}
+        if moe is None
+        else moe_terms(moe, d, e, tokens=tokens // t, sequences=local_batch_size, tp=t),
     )
 
 

@@ -168,6 +168,21 @@ def test_qwen3_30b_a3b_plan_lists_the_moe_terms():
     assert args.flavor == "30B-A3B"
 
 
+def test_qwen3_30b_a3b_under_tensor_parallel_gathers_whole_experts():
+    # Tensor parallel runs the MoE on the sequence shard with its experts replicated over tp
+    # (parallelisms/moe_tp.py): half the tokens' MoE activations per rank, but FSDP gathers
+    # every expert whole on each tp rank (a 1/tp planned before: 3.19 instead of 6.01 GiB).
+    base = ["--config", "qwen3_30b_a3b.toml"]
+    one, two = (
+        plan(config.load([*base, "--parallelism.tensor_parallel_degree", str(tp)]), 64)
+        for tp in (1, 2)
+    )
+    for row in ("dispatch buffers (token copies)", "grouped-GEMM activations"):
+        assert two.moe[row] * 2 == pytest.approx(one.moe[row], rel=1e-6)  # + the group ends
+    unsharded = "FSDP unsharded params/grads"
+    assert 0.9 * one.bytes[unsharded] < two.bytes[unsharded] < one.bytes[unsharded]
+
+
 def test_float8_plan_builds_the_nccl_only_paths():
     # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
     # cluster builds them on meta tensors, which is as far as a CPU machine can take them.

@@ -436,17 +436,32 @@ def _fsdp_unsharded(job: JobConfig, pre: Preflight, built: BuiltModel) -> int | 
         # A stage's gathered parameters stay until the step's last backward (the family's
         # parallelize does not reshard under pipeline parallel): all of them, plus the newest
         # gradient in the compute dtype before FSDP casts it into the kept ones (KEPT_GRADS).
-        numels = [p.numel() for p in built.model.parameters()]  # DTensor: the full size
-        return int((sum(numels) + max(numels)) * compute_bytes / dims.tp)
+        numels = [gathered_numel(p) for p in built.model.parameters()]
+        return int((sum(numels) + max(numels)) * compute_bytes)
     blocks = list(cast(torch.nn.ModuleDict, built.model.layers).values())
-    block = sum(p.numel() for p in blocks[0].parameters()) if blocks else 0  # DTensor: full size
+    block = sum(gathered_numel(p) for p in blocks[0].parameters()) if blocks else 0
     return fsdp_transient_bytes(
         built.family.estimator.fsdp_outer_unit_params(args),
-        block,
+        block * dims.tp,  # in whole-model elements, as the outer unit's
         dims.tp,
         compute_bytes,
         opts.reduce_dtype.itemsize,
     )
+
+
+def gathered_numel(p: torch.Tensor) -> int:
+    """Elements of `p` that FSDP all-gathers on this rank: the whole parameter, less a
+    tensor-parallel split (an MoE's experts, replicated over tp, are gathered whole on every tp
+    rank; parallelisms/moe_tp.py)."""
+    if not isinstance(p, DTensor):
+        return p.numel()
+    names = p.device_mesh.mesh_dim_names or ()
+    split = [
+        p.device_mesh.size(i)
+        for i, (name, placement) in enumerate(zip(names, p.placements))
+        if name == "tp" and placement.is_shard()
+    ]
+    return p.numel() // (split[0] if split else 1)
 
 
 def _kept_unsharded_grads(built: BuiltModel) -> int:

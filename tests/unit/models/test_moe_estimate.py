@@ -78,3 +78,41 @@ def test_an_moe_block_differs_from_the_dense_one_by_what_autograd_saves(dtype):
     ]
     measured = [_saved_in(m, m.layers["0"]) for m in (moe, dense)]
     assert formula[0] - formula[1] == measured[0] - measured[1] != 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_terms_under_tensor_parallel_are_what_a_sequence_shard_saves(dtype):
+    # Tensor parallel runs the MoE on this rank's sequence shard with replicated parameters
+    # (parallelisms/moe_tp.py): the terms of the shard's tokens, and the auxiliary loss's
+    # statistics averaged over the tp ranks (a fake 2-rank group: collectives do nothing).
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from parallelisms.moe_tp import apply_moe_tp
+
+    if dist.is_initialized():
+        pytest.skip("needs a process without a process group")
+    model, tp = _model(dtype), 2
+    moe = model.layers["0"].feed_forward
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        apply_moe_tp(moe, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)))
+        shard = torch.randn(BATCH, SEQ // tp, model.args.dim, dtype=dtype, requires_grad=True)
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr():
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            moe(shard)
+    finally:
+        dist.destroy_process_group()
+    params = {p.to_local().untyped_storage().data_ptr() for p in moe.parameters()}
+    measured = sum(n for ptr, n in saved.items() if ptr not in params)
+    tokens = BATCH * SEQ // tp
+    parts = moe_terms(model.args.moe, model.args.dim, dtype.itemsize, tokens=tokens,
+                      sequences=BATCH, tp=tp)  # fmt: skip
+    assert sum(full for full, _ in parts.values()) == measured > 0
