@@ -30,6 +30,14 @@ from titanlite.components.checkpoint.folder import complete_steps
 from titanlite.components.checkpoint.storage import load_full_state_dict
 
 QWEN3_TIED = ("--model.name", "qwen3", "--model.flavor", "debugmodel_tied")
+# The expert bias moves 0.01 a step, so that a lost or reset bias shows in the next steps.
+QWEN3_MOE_BIAS = ("--model.name", "qwen3", "--model.flavor", "debugmodel_moe")
+QWEN3_MOE_BIAS += (
+    "--model.moe_load_balance",
+    "expert_bias",
+    "--model.moe_bias_update_rate",
+    "0.01",
+)
 
 
 def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
@@ -70,6 +78,9 @@ SAVES = {
     # Qwen3 with its head tied to the embedding: the table is one parameter in the checkpoint.
     "qwen3_one": ("one", 6, 3, QWEN3_TIED),
     "qwen3_fsdp2": ("fsdp2", 6, 3, QWEN3_TIED),
+    # Qwen3 MoE: the expert bias, a buffer, is in the checkpoint beside the weights.
+    "moe_one": ("one", 6, 3, QWEN3_MOE_BIAS),
+    "moe_fsdp2": ("fsdp2", 6, 3, QWEN3_MOE_BIAS),
 }
 SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
@@ -90,6 +101,9 @@ RESUMES = {
     "seed_2x2": ("seed", 0, "fsdp2_tp2", 1, 100),
     "qwen3_one_to_2x2": ("qwen3_one", 3, "fsdp2_tp2", 6, 3),
     "qwen3_fsdp2_to_one": ("qwen3_fsdp2", 3, "one", 6, 3),
+    "moe_resumed_fsdp2": ("moe_fsdp2", 3, "fsdp2", 6, 3),
+    "moe_fsdp2_to_one": ("moe_fsdp2", 3, "one", 6, 3),
+    "moe_one_to_2x2": ("moe_one", 3, "fsdp2_tp2", 6, 3),
 }
 
 
@@ -158,6 +172,32 @@ def test_resharded_resume_matches_the_saved_run(runs, name):
     assert sorted(got) == [4, 5, 6]
     for s in got:
         assert abs(got[s] - want[s]) <= 1e-4 * want[s], (s, got[s], want[s])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [k for k in RESUMES if k.startswith("moe_")])
+def test_moe_resume_carries_the_expert_bias(runs, name):
+    """An MoE's step 3, resumed on its own layout or resharded: the expert bias it loads is the
+    saved one, and at step 6 it equals the saved run's exactly (each step moves it by +-0.01
+    from integer counts, so one lost, reset or differently routed step would show); the same
+    layout resumes bit-exactly."""
+    src = RESUMES[name][0]
+    saved, resumed = _folder(runs, src), _folder(runs, name)
+    at_3 = _expert_biases(saved, 3)
+    assert at_3 and all(bias.abs().max() > 0 for bias in at_3.values()), at_3
+    want, got = _expert_biases(saved, 6), _expert_biases(resumed, 6)
+    assert set(got) == set(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), (key, got[key], want[key])
+    if RESUMES[name][2] == SAVES[src][0]:
+        want_losses, got_losses = losses_by_step(saved), losses_by_step(resumed)
+        assert sorted(got_losses) == [4, 5, 6]
+        assert all(got_losses[s] == want_losses[s] for s in got_losses), (want_losses, got_losses)
+
+
+def _expert_biases(folder: Path, step: int) -> dict[str, torch.Tensor]:
+    model = load_full_state_dict(folder / "checkpoint" / f"step-{step}")["model"]
+    return {k: v for k, v in model.items() if k.endswith("expert_bias")}
 
 
 @pytest.mark.slow
