@@ -38,6 +38,8 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from models.moe import MoE
+from parallelisms.moe_sequences import complete_sequences_over
 from parallelisms.parallel_dims import LayoutError
 
 LOAD_BALANCERS = ("headtail", "none")
@@ -109,6 +111,9 @@ def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) 
         attention = block.get_submodule("attention")
         kernel = ContextParallelAttention(attention.get_submodule("sdpa"), shards.group)
         attention.register_module("sdpa", kernel)
+        feed_forward = getattr(block, "feed_forward", None)
+        if isinstance(feed_forward, MoE):  # its aux loss sees this rank's chunks
+            complete_sequences_over(feed_forward, shards.group, grads_summed=False)
 
 
 def check_context_parallel(

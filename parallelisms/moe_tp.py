@@ -15,11 +15,8 @@ Load statistics. Each tp rank counts its own tokens per expert; the trainer sums
 well as over data and context parallel (Trainer.expert_load_sum), so the expert bias moves the
 same on every rank.
 
-The per-sequence auxiliary loss needs each sequence's whole statistics: `sequence_mean` averages
-the (sequences, E) shares and probabilities over the tp ranks (the shards are equal in length).
-Every tp rank then holds the same loss and back-propagates it; the mean's backward is the local
-1/tp share of the gradient with no collective (as DTensor's Partial -> Replicate), so the loss
-counts once.
+The per-sequence auxiliary loss needs each sequence's whole statistics: they are completed over
+the tp ranks (parallelisms/moe_sequences.py).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from models.moe import MoE
+from parallelisms.moe_sequences import complete_sequences_over
 
 
 def apply_moe_tp(moe: MoE, tp_mesh: DeviceMesh) -> None:
@@ -41,7 +39,7 @@ def apply_moe_tp(moe: MoE, tp_mesh: DeviceMesh) -> None:
         for name, param in list(module.named_parameters(recurse=False)):
             replicated = distribute_tensor(param.data, tp_mesh, [Replicate()])
             module.register_parameter(name, nn.Parameter(replicated, param.requires_grad))
-    moe.sequence_mean = _SequenceMean(group)
+    complete_sequences_over(moe, group, grads_summed=True)
     swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
 
     def local_params(module: nn.Module, args: tuple) -> tuple:
@@ -73,27 +71,3 @@ class _SumOverTp(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
-
-
-class _SequenceMean:
-    """Mean of a per-sequence statistic over the tp ranks, each holding one equal piece of every
-    sequence."""
-
-    def __init__(self, group: dist.ProcessGroup):
-        self.group = group
-
-    def __call__(self, value: torch.Tensor) -> torch.Tensor:
-        return _MeanOverPieces.apply(value, self.group)
-
-
-class _MeanOverPieces(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, value: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.size = dist.get_world_size(group)
-        total = value.contiguous().clone()
-        dist.all_reduce(total, group=group)
-        return total / ctx.size
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad / ctx.size, None
