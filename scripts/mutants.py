@@ -287,6 +287,30 @@ MUTANTS = [
             "test_run_train_sh_turns_on_expandable_segments_unless_the_user_chose",
         ),
     ),
+    Mutant(
+        "moe_tp_grads_not_summed",
+        "the MoE's replicated experts keep each tp rank's own gradient",
+        "parallelisms/moe_tp.py",
+        "        dist.all_reduce(grad, group=ctx.group)\n",
+        "",
+        _layout("qwen3_moe_tp2"),
+    ),
+    Mutant(
+        "moe_counts_not_summed_over_tp",
+        "each tp rank moves the expert bias from its own tokens' counts",
+        "titanlite/trainer/trainer.py",
+        "            expert_load_sum=self.expert_load_sum,\n",
+        "",
+        _layout("qwen3_moe_bias_tp2"),
+    ),
+    Mutant(
+        "moe_aux_not_completed_over_cp",
+        "a cp rank's aux loss is that of its own chunks",
+        "parallelisms/context_parallel.py",
+        "            complete_sequences_over(feed_forward, shards.group, grads_summed=False)\n",
+        "            pass\n",
+        _layout("qwen3_moe_cp2"),
+    ),
 ]
 
 
