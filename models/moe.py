@@ -39,7 +39,6 @@ figure the metrics log.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.grouped_mm import grouped_mm
 from models.initialization import fill_trunc_normal_
 from models.layers import FeedForward
 
@@ -101,27 +101,6 @@ class TopKRouter(nn.Module):
     def init_weights(self, key: str, seed: int) -> None:
         fill_trunc_normal_(self.gate.weight, 0.02, seed, f"{key}.gate")
         self.expert_bias.zero_()
-
-
-def grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """x (rows sorted by group, in) @ weight[g].T for each group g of rows, `ends` the groups'
-    end rows (int32). torch 2.13 computes any dtype eagerly (its CUDA kernel for bf16 on
-    sm90/sm100; elsewhere a loop that reads `ends` on the host); its compiled form takes only
-    bf16, so other dtypes leave the graph under torch.compile and run eagerly."""
-    if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():
-        return _outside_the_graph()(x, weight, ends)
-    return _grouped_mm(x, weight, ends)
-
-
-def _grouped_mm(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    return torch._grouped_mm(x, weight.transpose(-2, -1), offs=ends)
-
-
-@functools.cache
-def _outside_the_graph() -> Callable:
-    # Made on first use under compile: torch.compiler.disable imports dynamo, seconds that a
-    # process which never compiles (preflight, the dry run) should not pay.
-    return torch.compiler.disable(_grouped_mm)
 
 
 class GroupedExperts(nn.Module):

@@ -165,3 +165,18 @@ def test_initialization_is_a_function_of_the_name_and_seed():
     w = torch.empty(EXPERTS, HIDDEN, DIM)
     fill_trunc_normal_(w, 0.02, 0, "moe.experts.w1")
     assert torch.equal(w, a.experts.w13[:, :HIDDEN])
+
+
+def test_a_float32_moe_compiles_whole_and_equals_eager():
+    """torch 2.13's compiled _grouped_mm takes bf16 only: float32 goes through titanlite's custom
+    ops (models/grouped_mm.py), which the graph keeps whole (fullgraph: no graph break)."""
+    torch._dynamo.reset()
+    layer = moe(load_balance="aux_loss")
+    x = torch.randn(2, 8, DIM)
+    want = layer(x)
+    want_grads = torch.autograd.grad(want.square().sum(), list(layer.parameters()))
+    got = torch.compile(layer, fullgraph=True)(x)
+    got_grads = torch.autograd.grad(got.square().sum(), list(layer.parameters()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for (name, _), g, w in zip(layer.named_parameters(), got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)

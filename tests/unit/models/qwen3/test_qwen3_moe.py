@@ -72,7 +72,7 @@ def _titanlite_state(hf_sd: dict, args) -> dict:
         "feed_forward.experts.w2": "mlp.experts.down_proj",
     }
     out = {}
-    for key, shape in HF.state_dict_shapes(dataclasses.replace(args, moe_experts=0)).items():
+    for key in HF.state_dict_shapes(dataclasses.replace(args, moe_experts=0)):
         if ".feed_forward." not in key:
             out[key] = HF.from_hf_tensor(key, hf_sd[HF.to_hf_name(key)], args)
     for i in range(args.n_layers):
