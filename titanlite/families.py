@@ -128,13 +128,17 @@ def foreign_model_keys(job: JobConfig) -> list[str]:
 
 def model_args(job: JobConfig, vocab_size: int, bos_id: int = -1) -> Any:
     """The model's hyper-parameters: the family's flavor with every [model] key that its args
-    dataclass also has (None keeps the flavor's value), the tokenizer's vocabulary and BOS id (-1
-    where only shapes matter) and the training sequence length (the RoPE table's size). A family
-    takes the [model] keys that match its own field names, so it lists none here."""
+    dataclass also has (None keeps the flavor's value), the tokenizer's vocabulary unless the
+    flavor fixes its own (a published model's padded embedding: Qwen3's 151,936 rows for 151,669
+    tokens), the tokenizer's BOS id (-1 where only shapes matter) and the training sequence length
+    (the RoPE table's size). A family takes the [model] keys that match its own field names, so
+    it lists none here."""
     m = job.model
     flavor = get_family(m.name).model.flavors[m.flavor]
     own = {f.name for f in dataclasses.fields(flavor)}
     overrides = {k: v for k, v in vars(m).items() if k in own and v is not None}
+    if flavor.vocab_size > 0:
+        vocab_size = flavor.vocab_size
     return dataclasses.replace(
         flavor, **overrides, vocab_size=vocab_size, max_seq_len=job.training.seq_len, bos_id=bos_id
     )

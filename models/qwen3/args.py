@@ -10,7 +10,8 @@ from typing import Any
 from models.decoder import check_attention_args
 from models.moe import MoEArgs
 
-# Qwen3's tokenizer: the published embeddings' rows (a little more than its 151,669 tokens).
+# The published embeddings' rows: Qwen3's tokenizer has 151,669 tokens, padded to 151,936 rows (the
+# rows past the tokenizer are never an input; their logits learn to stay low).
 QWEN3_VOCAB = 151_936
 
 
@@ -36,7 +37,9 @@ class Qwen3Args:
     moe_load_balance: str = "aux_loss"
     moe_aux_loss_coef: float = 1e-3
     moe_bias_update_rate: float = 1e-3
-    vocab_size: int = -1  # taken from the tokenizer
+    # -1: the tokenizer's vocabulary; the published flavors fix theirs (QWEN3_VOCAB), which the
+    # tokenizer must fit in.
+    vocab_size: int = -1
     norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_seq_len: int = 40960  # the published max_position_embeddings
@@ -107,6 +110,7 @@ def _flavor(dim: int, n_layers: int, n_heads: int, ffn: int, tied: bool) -> Qwen
         n_kv_heads=8,
         ffn_hidden_dim=ffn,
         tie_word_embeddings=tied,
+        vocab_size=QWEN3_VOCAB,
     )
 
 

@@ -47,3 +47,17 @@ def test_the_moe_debug_preset_trains_on_two_ranks_and_logs_its_load(tmp_path):
         assert r["moe_imbalance_max"] == max(r["moe_imbalance"].values()) >= 1
         assert "moe_aux_loss" not in r  # the expert bias balances, no aux loss
     assert "moe imbalance" in proc.stderr
+
+
+def test_a_tokenizer_larger_than_a_published_vocabulary_is_one_line(tmp_path):
+    """Qwen3-0.6B's embedding has 151,936 rows (its tokenizer's 151,669 tokens, padded): a
+    tokenizer with more tokens cannot be this model's, and is refused before anything is built."""
+    from tokenizers import Tokenizer, models
+
+    path = tmp_path / "tokenizer.json"
+    vocab = {f"t{i}": i for i in range(152_000)}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(path))
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "t1", "eos_token": "t2"}')
+    args = ["--config", "qwen3_0.6b.toml", "--dry-run.world_size", "8"]
+    proc = dry_run(*args, "--model.tokenizer_path", str(path))
+    expect_one_line(proc, 2, "has 152000 tokens, more than the 151936 embedding rows of qwen3 0.6B")

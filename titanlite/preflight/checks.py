@@ -95,6 +95,12 @@ def check_model(job: JobConfig, vocab_size: int | None) -> tuple[Path, Tokenizer
         tokenizer_path = Path(job.model.tokenizer_path)
     check_seq_len(job)
     args = model_args(job, vocab_size, bos_id)
+    if tokenizer is not None and args.vocab_size < vocab_size:  # the flavor fixed a smaller one
+        raise ConfigError(
+            f"[model] tokenizer_path = {str(tokenizer_path)!r} has {vocab_size} tokens, more than "
+            f"the {args.vocab_size} embedding rows of {job.model.name} {job.model.flavor}: use "
+            "the tokenizer published with the model"
+        )
     try:
         args.check()
     except ValueError as e:

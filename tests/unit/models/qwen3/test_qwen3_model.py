@@ -152,3 +152,14 @@ def test_the_tie_survives_the_meta_build_the_trainer_does():
     model.init_weights(seed=0)
     assert model.output.weight is model.tok_embeddings.weight
     assert len(list(model.parameters())) == len(model.state_dict())
+
+
+def test_published_flavors_keep_their_padded_vocabulary_tiny_ones_take_the_tokenizers():
+    """Training Qwen3-8B from scratch with its tokenizer (151,669 tokens) builds the published
+    151,936-row embedding, so its checkpoints load into Qwen3ForCausalLM; the debug flavors fit
+    the bundled tokenizer."""
+    from titanlite.config import loader as config
+    from titanlite.families import model_args
+
+    assert model_args(config.load(["--config", "qwen3_8b.toml"]), 151_669).vocab_size == QWEN3_VOCAB
+    assert model_args(config.load(["--config", "qwen3_debug.toml"]), 2048).vocab_size == 2048
