@@ -256,6 +256,27 @@ class ModelParts(nn.Module):
                 self.layers[i] = block
 
 
+class _BufferKeepingStage(PipelineStage):
+    """torch's stage, except that the forward it runs on the first step to learn the shapes it
+    sends (torch 2.13's dynamic metadata inference: the first micro-batch on the first stage,
+    uninitialized memory on the others) leaves the stage's buffers as they were. That forward
+    is not training, but a layer that accumulates into a buffer counts it: an MoE's
+    tokens-per-expert counts then moved the expert bias of step 1 unlike one process's."""
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        buffers = list(self.submod.buffers())
+        saved = [b.detach().clone() for b in buffers]
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            # Only those it changed: a restored RoPE table would be a version bump under the
+            # shape-learning backward that follows, which autograd refuses.
+            with torch.no_grad():
+                for buffer, value in zip(buffers, saved):
+                    if not torch.equal(buffer, value):
+                        buffer.copy_(value)
+
+
 def build_schedule(
     parts: list[nn.Module],
     ids: list[int],
@@ -270,7 +291,7 @@ def build_schedule(
     micro-batches (scale_grads=False): the trainer scales it by the global token count."""
     group = pp_mesh.get_group()
     pipeline_stages = [
-        PipelineStage(part, s, stages, device, group=group) for part, s in zip(parts, ids)
+        _BufferKeepingStage(part, s, stages, device, group=group) for part, s in zip(parts, ids)
     ]
     cls: Any = _PipelineScheduleRuntime if opts.schedule_csv else schedule_class(opts.schedule)
     if issubclass(cls, PipelineScheduleSingle):
