@@ -56,7 +56,18 @@ class OptimizerState(Stateful):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         options = StateDictOptions(flatten_optimizer_state_dict=self.flatten)
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+        # torch 2.13's flattened load reads a group's hyperparameters through its first
+        # parameter: a group without one fails (IndexError). A pipeline stage that holds just
+        # the embedding has no 1-D parameter, so its no-decay group is empty; it is kept (every
+        # rank has the same groups, which the LR scheduler's saved state assumes) but has
+        # nothing to load, and is set aside meanwhile.
+        groups = self.optimizer.param_groups
+        self.optimizer.param_groups = [g for g in groups if g["params"]]
+        try:
+            set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+        finally:
+            loaded = iter(self.optimizer.param_groups)
+            self.optimizer.param_groups = [next(loaded) if g["params"] else g for g in groups]
 
 
 def plain_tensors(tree: Any) -> Any:
