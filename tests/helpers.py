@@ -17,11 +17,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEBUG_CONFIG = ROOT / "train_configs" / "debug_model.toml"
 
-# The tiny run the distributed tests train: the debug model on the bundled corpus, 64-token
-# windows in float32, every step logged, no TensorBoard.
+# Two blocks of the debug model: what a layout does to a block it does to every block, and each
+# block costs time in every run of the suite (6 -> 2 halved a group of six 2-rank jobs).
+TWO_BLOCKS = ["--model.n_layers", "2"]
+# The tiny run the distributed tests train: the debug model (two blocks) on the bundled corpus,
+# 64-token windows in float32, every step logged, no TensorBoard.
 TINY_RUN = [
     "--config",
     str(DEBUG_CONFIG),
+    *TWO_BLOCKS,
     "--training.seq_len",
     "64",
     "--metrics.log_freq",
@@ -61,6 +65,7 @@ SHORT_RUN_STEPS = 8
 SHORT_RUN = [
     "--config",
     str(DEBUG_CONFIG),
+    *TWO_BLOCKS,
     "--training.seq_len",
     "64",
     "--training.local_batch_size",
@@ -414,6 +419,7 @@ def make_hf_llama(
     folder: Path,
     *,
     n_kv_heads: int = 16,
+    n_layers: int = 6,
     dtype: str = "float32",
     vocab_size: int = 512,
     seed: int = 0,
@@ -429,7 +435,7 @@ def make_hf_llama(
     cfg = LlamaConfig(
         hidden_size=256,
         intermediate_size=768,
-        num_hidden_layers=6,
+        num_hidden_layers=n_layers,
         num_attention_heads=16,
         num_key_value_heads=n_kv_heads,
         vocab_size=vocab_size,

@@ -50,14 +50,11 @@ def _model_args(overrides: dict, family: str, flavor: str = "debugmodel"):
     from titanlite.families import get_family
 
     vocab = Tokenizer(resolve_tokenizer_path("")).vocab_size
-    # "auto", as every preset: causal SDPA, and per-piece varlen under context parallel.
-    return (
-        get_family(family)
-        .model.flavors[flavor]
-        .with_overrides(
-            **{"vocab_size": vocab, "max_seq_len": SEQ, "attn_type": "auto", **overrides}
-        )
-    )
+    # "auto", as every preset: causal SDPA, and per-piece varlen under context parallel. Two
+    # blocks, as the trainer-level tests (helpers.TWO_BLOCKS): the interleaved schedules' four
+    # stages then include stages without a block.
+    shape = {"vocab_size": vocab, "max_seq_len": SEQ, "attn_type": "auto", "n_layers": 2}
+    return get_family(family).model.flavors[flavor].with_overrides(**{**shape, **overrides})
 
 
 def _float8_options():

@@ -62,7 +62,7 @@ def first_batch_loss(step, hf_folder) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_imported_checkpoint_continues_training_and_every_layout_exports_the_same(tmp_path):
-    src = make_hf_llama(tmp_path / "hf", n_kv_heads=4)
+    src = make_hf_llama(tmp_path / "hf", n_kv_heads=4, n_layers=2)  # TINY_RUN's two blocks
     imported = tmp_path / "imported" / "step-0"
     hf_checkpoint.hf_to_dcp(src, imported)
     first, exported = {}, {}

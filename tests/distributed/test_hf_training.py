@@ -22,7 +22,7 @@ LAYOUTS = {name: ALL_LAYOUTS[name] for name in ("one", "fsdp2_tp2")}
 
 @pytest.mark.slow
 def test_hf_start_matches_across_layouts_and_final_export_is_the_converters(tmp_path):
-    src = make_hf_llama(tmp_path / "hf", n_kv_heads=4)
+    src = make_hf_llama(tmp_path / "hf", n_kv_heads=4, n_layers=2)  # TINY_RUN's two blocks
     hf_args = [
         "--model.n_kv_heads",
         "4",

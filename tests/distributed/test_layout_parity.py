@@ -31,13 +31,14 @@ import json
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT
+from helpers import DEBUG_CONFIG, ROOT, TWO_BLOCKS
 from trainer_jobs import TrainerJobs
 
 STEPS = 5
 COMMON = [
     "--config",
     str(DEBUG_CONFIG),
+    *TWO_BLOCKS,
     "--training.steps",
     str(STEPS),
     "--training.seq_len",
@@ -143,11 +144,9 @@ LAYOUTS = {
     # Stages without a block, or fewer than layers_per_stage asks (issue 31), each against one
     # process of its own shape: embedding + block 0 | block 1 + output (ceil((2 + 1 + 1) / 3)
     # = 2 stages, as TorchTitan counts), and embedding + block 0 | the output alone.
-    "one_2blocks": (1, [LBS, "8", "--model.n_layers", "2"]),
     "pp2_2blocks_layers_per_stage_3": (
         2,
-        [LBS, "8", PP, "2", "--model.n_layers", "2"]
-        + ["--parallelism.pipeline_parallel_layers_per_stage", "3"],
+        [LBS, "8", PP, "2", "--parallelism.pipeline_parallel_layers_per_stage", "3"],
     ),
     "one_1block": (1, [LBS, "8", "--model.n_layers", "1"]),
     "pp2_1block": (2, [LBS, "8", PP, "2", "--model.n_layers", "1"]),
@@ -155,6 +154,10 @@ LAYOUTS = {
     "qwen3_one": (1, [LBS, "8", *QWEN3]),
     "qwen3_fsdp2": (2, [LBS, "4", *QWEN3]),
     "qwen3_tp2": (2, [LBS, "8", TP, "2", *QWEN3]),
+    "qwen3_fsdp2_tp2": (4, [LBS, "4", TP, "2", *QWEN3]),
+    "qwen3_fsdp2_tp2_compile": (4, [LBS, "4", TP, "2", "--training.compile", *QWEN3]),
+    "qwen3_pp2": (2, [LBS, "8", PP, "2", *QWEN3]),
+    "qwen3_cp2": (2, [LBS, "8", CP, "2", *QWEN3]),
     "qwen3_tied_one": (1, [LBS, "8", *QWEN3_TIED]),
     "qwen3_tied_fsdp2": (2, [LBS, "4", *QWEN3_TIED]),
     # Mixture of Experts: the aux loss (per sequence) over FSDP and over micro-batches; the
@@ -170,17 +173,26 @@ LAYOUTS = {
     "qwen3_moe_tp2": (2, [LBS, "8", TP, "2", *QWEN3_MOE]),
     "qwen3_moe_bias_tp2": (2, [LBS, "8", TP, "2", *QWEN3_MOE_BIAS]),
     "qwen3_moe_bias_fsdp2_tp2": (4, [LBS, "4", TP, "2", *QWEN3_MOE_BIAS]),
+    # Pipeline stages under tensor parallel: each stage's MoE blocks with their aux losses.
+    "qwen3_moe_pp2_tp2": (4, [LBS, "8", PP, "2", TP, "2", *QWEN3_MOE]),
+    # The expert bias under PP: torch's shape-learning first forward must not count.
+    "qwen3_moe_bias_pp2": (2, [LBS, "8", PP, "2", *QWEN3_MOE_BIAS]),
     # Context parallel: the aux loss's statistics completed over cp (and tp) as well.
     "qwen3_moe_cp2": (2, [LBS, "8", CP, "2", *QWEN3_MOE]),
     "qwen3_moe_cp2_tp2": (4, [LBS, "8", CP, "2", TP, "2", *QWEN3_MOE]),
 }
 # A layout's one-process run of the same model: "one" unless named here.
 REFERENCES = {
-    "pp2_2blocks_layers_per_stage_3": "one_2blocks",
     "pp2_1block": "one_1block",
     "qwen3_fsdp2": "qwen3_one",
     "qwen3_tp2": "qwen3_one",
+    "qwen3_fsdp2_tp2": "qwen3_one",
+    "qwen3_fsdp2_tp2_compile": "qwen3_one",
+    "qwen3_pp2": "qwen3_one",
+    "qwen3_cp2": "qwen3_one",
     "qwen3_tied_fsdp2": "qwen3_tied_one",
+    "qwen3_moe_pp2_tp2": "qwen3_moe_one",
+    "qwen3_moe_bias_pp2": "qwen3_moe_bias_one",
     "qwen3_moe_fsdp2": "qwen3_moe_one",
     "qwen3_moe_fsdp2_accum2": "qwen3_moe_one",
     "qwen3_moe_bias_fsdp2": "qwen3_moe_bias_one",
@@ -314,30 +326,30 @@ def test_layout_matches_single_process(world, name):
     # The run must have learned something, or equal losses would prove little.
     assert baseline["losses"][-1] < baseline["losses"][0] - 0.5
     _check_layout_facts(name, result, baseline)
-    if baseline.get("routing") is not None and CP not in LAYOUTS[name][1]:  # cp: chunks
-        _check_routing(result["routing"], baseline["routing"])
+    if baseline.get("routing") is not None:
+        _check_routing(result["routing"], baseline["routing"], result["cp_positions"])
 
 
-def _check_routing(ranks: list, reference: list) -> None:
+def _check_routing(ranks: list, reference: list, cp_positions: dict) -> None:
     """Step 1 routed every token of every rank to the experts one process chose for it: each
-    rank's rows are matched with one process's by their input ids, and under tensor parallel
-    its chosen experts are for its piece of the sequence (tp rank r: the r-th)."""
-    [(_, [whole])] = reference
+    rank's windows are matched with one process's by their token ids; under context parallel a
+    rank routed its chunks' positions (cp_positions), under tensor parallel its piece of those
+    (tp rank r: the r-th). Every layer's every token is compared on some rank."""
+    [whole] = reference
     rows = {tuple(ids.tolist()): i for i, ids in enumerate(whole["inputs"])}
     batch, seq = whole["inputs"].shape
-    compared = 0
-    for tp_rank, forwards in ranks:
-        for forward in forwards:
-            assert set(forward["chosen"]) == set(whole["chosen"]), forward["chosen"].keys()
-            for layer, chosen in forward["chosen"].items():
-                want = whole["chosen"][layer].view(batch, seq, -1).sort(-1).values
-                mine = chosen.view(len(forward["inputs"]), -1, chosen.shape[-1]).sort(-1).values
-                piece = mine.shape[1]
-                for ids, got in zip(forward["inputs"], mine):
-                    row = want[rows[tuple(ids.tolist())]]
-                    assert torch.equal(got, row[tp_rank * piece : (tp_rank + 1) * piece]), layer
-                    compared += got.shape[0]
-    assert compared >= batch * seq * len(whole["chosen"]), compared
+    compared = dict.fromkeys(whole["chosen"], 0)
+    for rank in ranks:
+        positions = cp_positions.get(rank["cp"], list(range(seq)))
+        for layer, chosen in rank["chosen"].items():
+            want = whole["chosen"][layer].view(batch, seq, -1)[:, positions].sort(-1).values
+            mine = chosen.view(len(rank["inputs"]), -1, chosen.shape[-1]).sort(-1).values
+            piece, tp = mine.shape[1], rank["tp"]
+            for ids, got in zip(rank["inputs"], mine):
+                row = want[rows[tuple(ids.tolist())]]
+                assert torch.equal(got, row[tp * piece : (tp + 1) * piece]), layer
+                compared[layer] += got.shape[0]
+    assert all(n >= batch * seq for n in compared.values()), compared
 
 
 def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:

@@ -25,8 +25,8 @@ MODELS = {"debugmodel_tied": "Qwen3ForCausalLM", "debugmodel_moe": "Qwen3MoeForC
 
 def _hf_qwen3(folder, flavor):
     args = FLAVORS[flavor].with_overrides(
-        vocab_size=Tokenizer(BUILTIN_TOKENIZER).vocab_size, max_seq_len=64
-    )
+        vocab_size=Tokenizer(BUILTIN_TOKENIZER).vocab_size, max_seq_len=64, n_layers=2
+    )  # CHECKPOINTED_RUN's two blocks
     cfg = HF.hf_config(args, dtype=torch.float32)
     config_cls = transformers.Qwen3MoeConfig if args.moe_experts else transformers.Qwen3Config
     torch.manual_seed(0)

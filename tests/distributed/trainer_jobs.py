@@ -13,7 +13,7 @@ norm, the step it resumed from, the tokens it has seen and, with `record`, the f
 of step 1 (after clipping, as the optimizer saw them) and the full final weights, gathered from
 shards and pipeline stages, with the names of those whose copies on different ranks differ, and
 what the layout did (`layout_facts`: the compiled modules, each cp rank's positions; for an
-MoE, each router's chosen experts in step 1 with the rows they were for).
+MoE, each router's chosen experts in step 1 with the windows they were for).
 A job that fails ends the group: the jobs after it have no result, and result() says why.
 """
 
@@ -140,38 +140,54 @@ def layout_facts(model: torch.nn.Module, shards) -> dict:
 
 
 class FirstStepRouting:
-    """Each MoE router's chosen experts in the first step's forwards, with the forwards' input
-    ids, so that a test can match a rank's rows (its share of the batch, and under tensor
-    parallel its piece of each sequence) with one process's. Nothing for a dense model."""
+    """Each MoE router's chosen experts in the first step, in call order, with the step's input
+    windows, so that a test can match a rank's rows (its share of the batch; under context
+    parallel its chunks of each window, under tensor parallel its piece of those; under pipeline
+    parallel its stages' layers, whose calls follow the micro-batches in order) with one
+    process's. Nothing for a dense model."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.forwards: list[dict] = []
+        self.inputs: list[torch.Tensor] = []
+        self.chosen: dict[str, list[torch.Tensor]] = {}
         self.recording = True
-        layers = list(moe_layers(model)) if isinstance(model, torch.nn.Module) else []
-        self.handles = [model.register_forward_pre_hook(self._inputs)] if layers else []
-        for name, layer in layers:
-            hook = functools.partial(self._chosen, _clean(name))
-            self.handles.append(layer.router.register_forward_hook(hook))
-
-    def _inputs(self, module, args) -> None:
-        if self.recording:
-            self.forwards.append({"inputs": args[0].detach().cpu(), "chosen": {}})
+        self.handles = [
+            layer.router.register_forward_hook(functools.partial(self._chosen, _clean(name)))
+            for name, layer in moe_layers(model)
+        ]
 
     def _chosen(self, name: str, module, args, output) -> None:
-        if self.recording and self.forwards and module.training:
-            self.forwards[-1]["chosen"][name] = output[1].detach().cpu()
+        # A block recomputed under activation checkpointing runs inside backward: its forward
+        # has been recorded already. A pipeline stage's first forward learns shapes, on garbage
+        # after the first stage (parallelisms/pipeline.py): not a training forward.
+        if self.recording and module.training and torch._C._current_graph_task_id() == -1:
+            if not _inside("_forward_metadata_inference"):
+                self.chosen.setdefault(name, []).append(output[1].detach().cpu())
 
     def gathered(self, trainer: Trainer) -> list | None:
-        """Every rank's (tp rank, forwards), in rank order. Collective."""
+        """Every rank's {tp, cp (its ranks on those meshes), inputs, chosen}. Collective."""
         for handle in self.handles:
             handle.remove()
         if not self.handles:
             return None
-        tp = trainer.meshes.tp
-        mine = (tp.get_local_rank() if tp is not None else 0, self.forwards)
+        meshes = trainer.meshes
+        mine = {
+            "tp": meshes.tp.get_local_rank() if meshes.tp is not None else 0,
+            "cp": meshes.cp.get_local_rank() if meshes.cp is not None else 0,
+            "inputs": torch.cat(self.inputs),
+            "chosen": {name: torch.cat(calls) for name, calls in self.chosen.items()},
+        }
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         return everyone
+
+
+def _inside(function: str) -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class FirstStepGradients:
@@ -184,6 +200,8 @@ class FirstStepGradients:
         self.routing: FirstStepRouting | None = None
 
     def __call__(self, microbatches):
+        if self.routing is not None and self.routing.recording:
+            self.routing.inputs = [inputs.detach().cpu() for inputs, _ in microbatches]
         out = self.step(microbatches)
         if self.routing is not None:
             self.routing.recording = False
