@@ -21,6 +21,7 @@ from parallelisms.parallel_dims import LayoutError
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 # float8 matmuls (torch._scaled_mm) need both matrix dims to be multiples of 16.
 ALIGNMENT = 16
+ROUTER_GATE = "router.gate"  # models/moe.py's TopKRouter
 MIN_CUDA_CAPABILITY = (8, 9)
 
 
@@ -100,6 +101,10 @@ def plan_conversion(model: nn.Module, opts: Float8Options) -> ConversionPlan:
         hit = next((f for f in opts.filter_fqns if f and f in name), None)
         if hit is not None:
             plan.skipped[name] = f"matches filter_fqns entry {hit!r}"
+        elif name.endswith(ROUTER_GATE):
+            # Its scores choose the experts: float8's rounding would move tokens between them
+            # (TorchTitan keeps it out too). Experts are 3-D weights, not Linear layers.
+            plan.skipped[name] = "an MoE router, kept in high precision"
         elif module.in_features % ALIGNMENT or module.out_features % ALIGNMENT:
             plan.skipped[name] = (
                 f"shape {module.out_features} x {module.in_features} is not a "

@@ -48,6 +48,23 @@ def test_conversion_picks_every_block_linear_and_skips_the_output(flavor, vocab)
     assert f"converting {len(expected)} of {len(expected) + 1} Linear layers" in plan.describe()
 
 
+def test_an_moe_converts_attention_and_shared_linears_never_its_router():
+    """Qwen3-30B-A3B's router (2048 -> 128, aligned) stays in high precision; its experts are
+    3-D weights, not Linear layers, so they stay too."""
+    from models.qwen3 import FLAVORS as QWEN3
+    from models.qwen3 import Qwen3
+
+    args = QWEN3["30B-A3B"].with_overrides(n_layers=2, max_seq_len=64)
+    with torch.device("meta"):
+        model = Qwen3(args)
+    plan = convert_to_float8(model, Float8Options())
+    routers = {f"layers.{i}.feed_forward.router.gate" for i in range(2)}
+    assert {k for k, v in plan.skipped.items() if "MoE router" in v} == routers
+    assert sorted(plan.converted) == sorted(
+        f"layers.{i}.attention.{w}" for i in range(2) for w in ("wq", "wk", "wv", "wo")
+    )
+
+
 def test_conversion_skips_unaligned_shapes_and_filtered_names():
     model = nn.Sequential()
     model.add_module("aligned", nn.Linear(32, 64))
