@@ -56,7 +56,6 @@ def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
 SAVES = {
     "full_one": ("one", 6, 3, ()),
     "full_fsdp2": ("fsdp2", 6, 3, ()),
-    "save_one": ("one", 6, 3, ()),
     "save_cp2": ("cp2", 6, 3, ()),
     "save_2x2": ("fsdp2_tp2", 6, 3, ()),
     "small": ("one", 2, 2, ()),  # what the damage and overwrite tests copy
@@ -96,7 +95,7 @@ RESUMES = {
     # the same data loader position, which DCP reshards like any other layout's.
     "cp2_to_one": ("save_cp2", 3, "one", 6, 3),
     "cp2_to_fsdp2": ("save_cp2", 3, "fsdp2", 6, 3),
-    "one_to_2x2": ("save_one", 3, "fsdp2_tp2", 6, 3),
+    "one_to_2x2": ("full_one", 3, "fsdp2_tp2", 6, 3),
     "seed_one": ("seed", 0, "one", 1, 100),
     "seed_2x2": ("seed", 0, "fsdp2_tp2", 1, 100),
     "qwen3_one_to_2x2": ("qwen3_one", 3, "fsdp2_tp2", 6, 3),
@@ -388,9 +387,9 @@ def test_seed_checkpoint_gives_the_same_start_on_every_layout(runs):
     assert complete_steps(_folder(runs, "seed") / "checkpoint") == [0]
     first = {name: losses_by_step(_folder(runs, name))[1] for name in ("seed_one", "seed_2x2")}
     assert abs(first["seed_one"] - first["seed_2x2"]) <= 1e-5 * first["seed_one"]
-    # The seed checkpoint's weights were really used: a run from the default seed's (save_one,
+    # The seed checkpoint's weights were really used: a run from the default seed's (full_one,
     # whose step 1 is computed before any update) starts elsewhere.
-    assert first["seed_one"] != losses_by_step(_folder(runs, "save_one"))[1]
+    assert first["seed_one"] != losses_by_step(_folder(runs, "full_one"))[1]
 
 
 @pytest.mark.slow

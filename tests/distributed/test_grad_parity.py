@@ -40,7 +40,6 @@ WORLD2 = {
     "tp2_no_loss_parallel": {"tp": 2, "opts": {"loss_parallel": False}},
     "fsdp2_accum2": {"dp_shard": 2, "microbatches": 2},
     "fsdp2_compile": {"dp_shard": 2, "opts": {"compile": True}},
-    "tp2_compile": {"tp": 2, "opts": {"compile": True}},
     # Pipeline parallel (torch.distributed.pipelining): a zero-bubble schedule computes the
     # input and weight gradients apart.
     "pp2_1f1b": {"pp": 2},
@@ -71,9 +70,9 @@ WORLD4 = {
     "fsdp2_tp2_ac_full": {**FSDP2_TP2, "opts": {"ac_mode": "full"}},
     "fsdp2_tp2_ac_op": {**FSDP2_TP2, "opts": AC_OP},
     # No compiled case here: one per parallelism family across this file and
-    # test_layout_parity.py (FSDP and CP above; PP, and FSDP x TP under a memory budget,
-    # there, whose step-1 gradients are checked per parameter as here). Compile costs ~15 s per
-    # graph on CPU, and with tensor parallel the graph caches are off.
+    # test_layout_parity.py (FSDP and CP above; PP, TP, and FSDP x TP under a memory budget and
+    # for Qwen3, there, whose step-1 gradients are checked per parameter as here). Compile costs
+    # ~15 s per graph on CPU, and under tensor parallel only Inductor's FX graph cache serves.
     "fsdp2_tp2_float8": {**FSDP2_TP2, "float8": True},
     "pp2_fsdp2": {"pp": 2, "dp_shard": 2},
     "pp2_tp2": {"pp": 2, "tp": 2},
@@ -84,6 +83,15 @@ WORLD4 = {
     "cp2_tp2_ac_op": {"cp": 2, "tp": 2, "opts": AC_OP},
     "pp2_cp2": {"pp": 2, "cp": 2},
     "qwen3_tied_fsdp2_tp2": {"family": "qwen3", **FSDP2_TP2, "model": TIED},
+    # What Qwen3's parallelize function applies that no other Qwen3 layout runs: HSDP, full
+    # activation checkpointing and float8 linears, together.
+    "qwen3_hsdp2x2_ac_full_float8": {
+        "family": "qwen3",
+        "dp_replicate": 2,
+        "dp_shard": 2,
+        "float8": True,
+        "opts": {"ac_mode": "full"},
+    },
     "qwen3_moe_fsdp2_tp2": {**QWEN3_MOE, **FSDP2_TP2},
 }
 
