@@ -32,7 +32,8 @@ Load balancing, chosen by `load_balance`:
 - "none".
 
 Statistics: each MoE layer adds its tokens-per-expert counts into `tokens_per_expert` (a
-buffer, never read by the host in the step); `finish_step` sums them over the data-parallel
+buffer, never read by the host in the step) in training forwards (with autograd on: not a
+validation forward under no_grad); `finish_step` sums them over the data-parallel
 ranks into `step_load`, the step's global load, which `imbalance` turns into the max/mean
 figure the metrics log.
 """
@@ -198,8 +199,9 @@ class MoE(nn.Module):
         slots = chosen.flatten()
         counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device)
         counts.scatter_add_(0, slots, torch.ones_like(slots))
-        with torch.no_grad():
-            self.tokens_per_expert += counts
+        if torch.is_grad_enabled():  # training; not validation's forwards, whose tokens would
+            with torch.no_grad():  # move the next step's expert bias
+                self.tokens_per_expert += counts
         order = slots.argsort(stable=True)
         routed = self.experts(flat[order // k], counts) * weights.flatten()[order, None]
         by_slot = torch.empty_like(routed).index_copy(0, order, routed)

@@ -158,6 +158,17 @@ def test_the_steps_load_is_kept_for_the_metrics_and_imbalance_is_max_over_mean()
     assert imbalance(torch.tensor([8, 0, 0, 0])) == 4
 
 
+def test_a_forward_without_autograd_counts_no_tokens():
+    """Validation runs the model under no_grad between steps: its tokens must not move the
+    next step's expert bias nor count in its load."""
+    layer = moe(load_balance="expert_bias")
+    with torch.no_grad():
+        layer(torch.randn(2, 8, DIM))
+    assert layer.tokens_per_expert.sum() == 0
+    layer(torch.randn(2, 8, DIM))
+    assert layer.tokens_per_expert.sum() == 2 * 8 * TOP_K
+
+
 def test_initialization_is_a_function_of_the_name_and_seed():
     a, b = moe(), moe()
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
