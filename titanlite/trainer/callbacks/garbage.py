@@ -16,7 +16,10 @@ class GarbageCollection(Callback):
 
     def pre_train(self) -> None:
         gc.disable()
-        gc.collect()
+        # The young generations, as TorchTitan's initial collection: what building the model and
+        # the data left behind. A full collection walks every object of the process (torch's,
+        # the compiler's): 0.6 s measured in a process that had trained two jobs before.
+        gc.collect(1)
 
     def post_step(self, step: int) -> None:
         if step % self.freq == 0:
