@@ -58,6 +58,9 @@ def test_a_tokenizer_larger_than_a_published_vocabulary_is_one_line(tmp_path):
     vocab = {f"t{i}": i for i in range(152_000)}
     Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(path))
     (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "t1", "eos_token": "t2"}')
-    args = ["--config", "qwen3_0.6b.toml", "--dry-run.world_size", "8"]
-    proc = dry_run(*args, "--model.tokenizer_path", str(path))
+    # Through ./run_train.sh itself: preflight refuses it before a process group exists.
+    proc = run_train(
+        ["--config", "qwen3_0.6b.toml", "--model.tokenizer_path", str(path)]
+        + ["--job.dump_folder", str(tmp_path / "out")]
+    )
     expect_one_line(proc, 2, "has 152000 tokens, more than the 151936 embedding rows of qwen3 0.6B")
