@@ -1,12 +1,18 @@
 """torch.compile per transformer block: blocks are identical, so one compiled graph serves all
-of them, and compiling before FSDP keeps its communication outside the graph."""
+of them, and compiling before FSDP keeps its communication outside the graph.
+
+Each block is one graph (fullgraph), except under expert parallel: its token dispatch reads the
+all-to-all's split sizes on the host and runs eagerly (parallelisms/expert_parallel.py), so an
+MoE block compiles as the graphs before and after it."""
 
 from __future__ import annotations
 
 from torch import nn
 
 
-def apply_compile(blocks: list[nn.Module], graphs_hold_collectives: bool) -> None:
+def apply_compile(
+    blocks: list[nn.Module], graphs_hold_collectives: bool, breaks_at_dispatch: bool = False
+) -> None:
     if graphs_hold_collectives:
         import torch._functorch.config as functorch_config
 
@@ -25,7 +31,7 @@ def apply_compile(blocks: list[nn.Module], graphs_hold_collectives: bool) -> Non
         functorch_config.unsafe_treat_script_objects_as_zero_size = True
     # Module.compile() compiles in place, so parameter names (and checkpoints) stay unchanged.
     for block in blocks:
-        block.compile(fullgraph=True)
+        block.compile(fullgraph=not breaks_at_dispatch)
 
 
 def _stable_mesh_pickles() -> None:

@@ -1,13 +1,17 @@
 """Compose the parallelisms for a decoder with the shared public structure (`tok_embeddings`,
 `layers` as a ModuleDict of blocks, `norm`, `output`; models/decoder.py), in the order they must
-be applied: float8 conversion -> tensor parallel -> context parallel -> activation
-checkpointing -> compile -> FSDP / DDP. Each family's parallelize function is this with its own
+be applied: float8 conversion -> expert parallel -> tensor parallel -> context parallel ->
+activation checkpointing -> compile -> FSDP / DDP. Each family's parallelize function is this with its own
 TP plan (parallelisms/<family>/).
 
 Context parallel swaps each block's attention kernel before AC and compile wrap the block, so
 that its key/value all-gather is recomputed and compiled with it. Float8 goes first because
 torchao's float8 TP styles accept only Float8Linear modules, and FSDP must shard the float8
 weight wrapper when float8 all-gather is on.
+
+Expert parallel splits the MoE experts before tensor parallel replicates the rest of each MoE
+over the tp ranks (which leaves the split experts alone), and the experts are FSDP-sharded over
+their own mesh before their blocks are (parallelisms/expert_parallel.py).
 
 A tied output head (the embedding's weight, one parameter) is one FSDP unit with the embedding
 and the final norm, since FSDP shards each parameter in exactly one unit; tensor parallel
@@ -22,12 +26,14 @@ from typing import cast
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from models.moe import moe_layers
 from parallelisms.activation_checkpoint import apply_ac
 from parallelisms.compile import apply_compile
 from parallelisms.context_parallel import apply_cp
 from parallelisms.ddp import apply_ddp
+from parallelisms.expert_parallel import apply_ep
 from parallelisms.float8 import ConversionPlan, convert_to_float8, uses_float8_tp
-from parallelisms.fsdp import apply_fsdp
+from parallelisms.fsdp import apply_expert_fsdp, apply_fsdp
 from parallelisms.options import ParallelizeOptions
 from parallelisms.parallel_dims import Meshes, ParallelDims
 from parallelisms.tensor_parallel import enable_async_tp
@@ -48,6 +54,11 @@ def parallelize_decoder(
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
     float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
     layers = cast(nn.ModuleDict, model.layers)
+    experts = [moe.experts for _, moe in moe_layers(model)]
+
+    if dims.ep_enabled:
+        for _, moe in moe_layers(model):
+            apply_ep(moe, meshes.get("ep"))
 
     if dims.tp_enabled:
         _tensor_parallel(model, layers, meshes.get("tp"), opts, apply_tp, float8_plan)
@@ -64,7 +75,10 @@ def parallelize_decoder(
 
     if opts.compile:
         apply_compile(
-            list(layers.values()), graphs_hold_collectives=dims.tp_enabled or dims.cp_enabled
+            list(layers.values()),
+            graphs_hold_collectives=dims.tp_enabled or dims.cp_enabled or dims.ep_enabled,
+            # The all-to-all's split sizes are host integers read from the device.
+            breaks_at_dispatch=dims.ep_enabled,
         )
 
     if dims.fsdp_enabled:
@@ -72,6 +86,17 @@ def parallelize_decoder(
         last = _present(model, "norm", "output")
         if tied_embeddings:
             first, last = [], first + last
+        if dims.ep_enabled:
+            apply_expert_fsdp(
+                experts,
+                meshes.get("efsdp"),
+                divide_factor=dims.loss_ranks,
+                param_dtype=opts.param_dtype,
+                reduce_dtype=opts.reduce_dtype,
+                reshard_after_forward=opts.reshard_after_forward != "never"
+                and not dims.pp_enabled,
+                cpu_offload=opts.cpu_offload,
+            )
         apply_fsdp(
             model,
             list(layers.values()),

@@ -28,36 +28,27 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from models.moe import MoE
+from parallelisms.local_params import compute_on_local_params
 from parallelisms.moe_sequences import complete_sequences_over
 
 
 def apply_moe_tp(moe: MoE, tp_mesh: DeviceMesh) -> None:
     """Make `moe` token-wise tensor parallel on `tp_mesh` (its input: the local sequence shard,
-    or a DTensor sharded on the sequence, which it takes locally; its output: the local shard)."""
+    or a DTensor sharded on the sequence, which it takes locally; its output: the local shard).
+    Parameters already distributed (experts split by expert parallel) are left to their layout."""
     group = tp_mesh.get_group()
+    replicated: list[tuple[nn.Module, str]] = []
     for module in moe.modules():
         for name, param in list(module.named_parameters(recurse=False)):
-            replicated = distribute_tensor(param.data, tp_mesh, [Replicate()])
-            module.register_parameter(name, nn.Parameter(replicated, param.requires_grad))
+            if isinstance(param, DTensor):
+                continue
+            local = distribute_tensor(param.data, tp_mesh, [Replicate()])
+            module.register_parameter(name, nn.Parameter(local, param.requires_grad))
+            replicated.append((module, name))
     complete_sequences_over(moe, group, grads_summed=True)
-    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
-
-    def local_params(module: nn.Module, args: tuple) -> tuple:
-        for sub in module.modules():
-            for name, param in list(sub._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped.append((sub, name, param))
-                    sub._parameters[name] = _SumOverTp.apply(param.to_local(), group)
-        return tuple(a.to_local() if isinstance(a, DTensor) else a for a in args)
-
-    def restore(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        while swapped:
-            sub, name, param = swapped.pop()
-            sub._parameters[name] = param
-        return output
-
-    moe.register_forward_pre_hook(local_params)
-    moe.register_forward_hook(restore, always_call=True)
+    compute_on_local_params(
+        moe, replicated, lambda param: _SumOverTp.apply(param.to_local(), group)
+    )
 
 
 class _SumOverTp(torch.autograd.Function):

@@ -11,6 +11,12 @@ loading); `dp_cp` (replicate x shard x cp): the ranks that hold different tokens
 token count are summed over it); `dp_shard_cp` (shard x cp): FSDP's shard dim. Context-parallel
 ranks hold the same parameters, so FSDP shards over them too and averages their gradients, as
 TorchTitan does.
+
+Expert parallel borrows its ranks: an MoE's experts are split over `ep` ranks taken from
+dp_shard x cp x tp (innermost first, so an EP group holds the tp and cp ranks and the fast links
+carry its all-to-all), and what remains of dp_shard x cp x tp, `efsdp`, is the experts' FSDP
+dim (with dp_replicate in front under HSDP). Both are views of the same ranks, unflattened from
+the flattened dp_shard x cp x tp: the "sparse" mesh next to the dense one, as TorchTitan builds.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class Meshes:
     pp: DeviceMesh | None = None
     cp: DeviceMesh | None = None
     dp_cp: DeviceMesh | None = None  # flattened replicate x shard x cp: loss and token sums
+    ep: DeviceMesh | None = None  # the experts' split (from dp_shard x cp x tp)
+    efsdp: DeviceMesh | None = None  # the experts' FSDP: the rest, (replicate, rest) under HSDP
 
     def get(self, name: str) -> DeviceMesh:
         """The submesh `name`, for a parallelism its layout has enabled."""
@@ -56,9 +64,10 @@ class Meshes:
     def groups(self) -> list[dist.ProcessGroup]:
         """Every process group of this rank's meshes (one per world dim, and the flattened dp)."""
         found = [self.world.get_group(i) for i in range(self.world.ndim)]
-        found += [m.get_group() for m in (self.dp, self.dp_cp) if m is not None]
-        if self.fsdp is not None:
-            found += [self.fsdp.get_group(i) for i in range(self.fsdp.ndim)]
+        found += [m.get_group() for m in (self.dp, self.dp_cp, self.ep) if m is not None]
+        for mesh in (self.fsdp, self.efsdp):
+            if mesh is not None:
+                found += [mesh.get_group(i) for i in range(mesh.ndim)]
         return list({id(g): g for g in found}.values())
 
 
@@ -74,17 +83,27 @@ class ParallelDims:
     world_size: int
     pp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @classmethod
     def resolve(
-        cls, dp_replicate: int, dp_shard: int, tp: int, world_size: int, pp: int = 1, cp: int = 1
+        cls,
+        dp_replicate: int,
+        dp_shard: int,
+        tp: int,
+        world_size: int,
+        pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
     ) -> ParallelDims:
-        """Fill in dp_shard = -1 from the world size and check that the degrees multiply to it."""
+        """Fill in dp_shard = -1 from the world size and check that the degrees multiply to it
+        and that expert parallel divides the ranks it borrows from."""
         for name, value in (
             ("data_parallel_replicate_degree", dp_replicate),
             ("tensor_parallel_degree", tp),
             ("pipeline_parallel_degree", pp),
             ("context_parallel_degree", cp),
+            ("expert_parallel_degree", ep),
         ):
             if value < 1:
                 raise LayoutError(f"parallelism.{name} = {value}: must be >= 1")
@@ -112,7 +131,15 @@ class ParallelDims:
                 "the product equal the number of processes (or set data_parallel_shard_degree "
                 "= -1)"
             )
-        return cls(dp_replicate, dp_shard, tp, world_size, pp, cp)
+        borrowed = dp_shard * cp * tp
+        if borrowed % ep:
+            raise LayoutError(
+                f"parallelism.expert_parallel_degree = {ep} does not divide "
+                f"data_parallel_shard_degree ({dp_shard}) x context_parallel_degree ({cp}) x "
+                f"tensor_parallel_degree ({tp}) = {borrowed}, the ranks expert parallel borrows; "
+                "pick a divisor of it"
+            )
+        return cls(dp_replicate, dp_shard, tp, world_size, pp, cp, ep)
 
     @property
     def dp_size(self) -> int:
@@ -132,6 +159,15 @@ class ParallelDims:
     def ddp_enabled(self) -> bool:
         """Pure replication: replicas but no sharding (DDP, as TorchTitan does)."""
         return self.dp_replicate > 1 and self.dp_shard * self.cp == 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def efsdp(self) -> int:
+        """The experts' FSDP degree: what expert parallel leaves of dp_shard x cp x tp."""
+        return self.dp_shard * self.cp * self.tp // self.ep
 
     @property
     def cp_enabled(self) -> bool:
@@ -196,6 +232,7 @@ class ParallelDims:
             pp=world["pp"] if self.pp_enabled else None,
             cp=world["cp"] if self.cp_enabled else None,
             dp_cp=dp_cp,
+            **(self._expert_meshes(world) if self.ep_enabled else {}),
         )
         # torch gives every group it creates for a mesh the backend's default timeout (30 min
         # on gloo, 10 on NCCL), not the default group's: a hung FSDP or TP collective would
@@ -206,9 +243,21 @@ class ParallelDims:
                 dist.distributed_c10d._set_pg_timeout(timeout, group)
         return meshes
 
+    def _expert_meshes(self, world: DeviceMesh) -> dict[str, DeviceMesh]:
+        names = tuple(n for n in ("dp_shard", "cp", "tp") if n in (world.mesh_dim_names or ()))
+        borrowed = world[names]._flatten("dp_shard_cp_tp") if len(names) > 1 else world[names[0]]
+        sparse = borrowed._unflatten(0, (self.efsdp, self.ep), ("efsdp", "ep"))
+        efsdp = sparse["efsdp"]
+        if self.dp_replicate > 1:
+            efsdp = DeviceMesh._concatenate([world["dp_replicate"], efsdp])
+        return {"ep": sparse["ep"], "efsdp": efsdp if self.fsdp_enabled else None}
+
     def describe(self) -> str:
         shape, names = self.mesh_shape()
-        return " x ".join(f"{n}={d}" for d, n in zip(shape, names)) + f" (world {self.world_size})"
+        text = " x ".join(f"{n}={d}" for d, n in zip(shape, names))
+        if self.ep_enabled:
+            text += f", experts: ep={self.ep} x efsdp={self.efsdp}"
+        return text + f" (world {self.world_size})"
 
 
 def _timeout_of(group: dist.ProcessGroup) -> timedelta | None:
@@ -230,8 +279,15 @@ def check_layout(
     device_type: str,
     async_tp: bool,
     compile: bool,
+    num_experts: int = 0,
 ) -> None:
     """Everything about a layout that can be known before any process group or model exists."""
+    if dims.ep > 1 and (not num_experts or num_experts % dims.ep):
+        raise LayoutError(
+            f"parallelism.expert_parallel_degree = {dims.ep} needs a Mixture-of-Experts model "
+            f"whose expert count it divides; this model has {num_experts} experts"
+            + (": pick an MoE flavor" if not num_experts else ": pick a divisor of it")
+        )
     if dims.tp > 1:
         for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
             if value % dims.tp:

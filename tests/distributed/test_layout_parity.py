@@ -52,7 +52,10 @@ COMMON = [
     "--training.deterministic",
 ]
 LBS = "--training.local_batch_size"
-TP, CP, PP = (f"--parallelism.{k}_parallel_degree" for k in ("tensor", "context", "pipeline"))
+TP, CP, PP, EP = (
+    f"--parallelism.{k}_parallel_degree" for k in ("tensor", "context", "pipeline", "expert")
+)
+HSDP2 = ["--parallelism.data_parallel_replicate_degree", "2"]
 PP_SCHEDULE = "--parallelism.pipeline_parallel_schedule"
 ACCUM2 = ["--training.global_batch_size", "8"]
 AC_FULL = ["--activation_checkpoint.mode", "full"]
@@ -180,6 +183,18 @@ LAYOUTS = {
     # Context parallel: the aux loss's statistics completed over cp (and tp) as well.
     "qwen3_moe_cp2": (2, [LBS, "8", CP, "2", *QWEN3_MOE]),
     "qwen3_moe_cp2_tp2": (4, [LBS, "8", CP, "2", TP, "2", *QWEN3_MOE]),
+    # Expert parallel: the experts split over ep ranks borrowed from dp_shard x cp x tp, tokens
+    # sent to them and back by all-to-all; the rest of dp_shard x cp x tp shards them (efsdp).
+    "qwen3_moe_ep2": (2, [LBS, "4", EP, "2", *QWEN3_MOE]),
+    "qwen3_moe_bias_ep2": (2, [LBS, "4", EP, "2", *QWEN3_MOE_BIAS]),
+    "qwen3_moe_ep4": (4, [LBS, "2", EP, "4", *QWEN3_MOE]),
+    "qwen3_moe_ep2_fsdp4": (4, [LBS, "2", EP, "2", *QWEN3_MOE]),
+    "qwen3_moe_ep2_fsdp4_compile": (4, [LBS, "2", EP, "2", "--training.compile", *QWEN3_MOE]),
+    "qwen3_moe_ep2_fsdp2_tp2": (4, [LBS, "4", EP, "2", TP, "2", *QWEN3_MOE]),
+    "qwen3_moe_bias_ep4_fsdp2_tp2": (4, [LBS, "4", EP, "4", TP, "2", *QWEN3_MOE_BIAS]),
+    "qwen3_moe_ep2_hsdp2x2_ac": (4, [LBS, "2", EP, "2", *HSDP2, *AC_FULL, *QWEN3_MOE]),
+    "qwen3_moe_ep2_pp2": (4, [LBS, "4", EP, "2", PP, "2", *QWEN3_MOE]),
+    "qwen3_moe_ep2_cp2": (2, [LBS, "8", EP, "2", CP, "2", *QWEN3_MOE]),
 }
 # A layout's one-process run of the same model: "one" unless named here.
 REFERENCES = {
@@ -201,6 +216,8 @@ REFERENCES = {
     "qwen3_moe_bias_fsdp2_tp2": "qwen3_moe_bias_one",
     "qwen3_moe_cp2": "qwen3_moe_one",
     "qwen3_moe_cp2_tp2": "qwen3_moe_one",
+    **{n: "qwen3_moe_one" for n in LAYOUTS if n.startswith("qwen3_moe_ep")},
+    **{n: "qwen3_moe_bias_one" for n in LAYOUTS if n.startswith("qwen3_moe_bias_ep")},
 }
 BF16 = ["--training.mixed_precision_param", "bfloat16"]
 # bfloat16 mixed precision against one process under bf16 autocast (BF16_RTOL below says why
@@ -355,8 +372,9 @@ def _check_routing(ranks: list, reference: list, cp_positions: dict) -> None:
 def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:
     """The layout did what it was configured to do, which parity cannot see (an uncompiled
     block, or a contiguous cut, trains the same model): every block compiled when compile is on
-    (a compiled loss alone adds graphs too), each cp rank held its head-tail chunks, and every
-    process group has the training timeout."""
+    (a compiled loss alone adds graphs too), each cp rank held its head-tail chunks, the experts
+    were split over the expert-parallel ranks, and every process group has the training
+    timeout."""
     overrides = LAYOUTS[name][1]
     blocks = {".".join(k.split(".")[:2]) for k in baseline["weights"] if k.startswith("layers.")}
     if "--training.compile" in overrides:
@@ -374,6 +392,10 @@ def _check_layout_facts(name: str, result: dict, baseline: dict) -> None:
         if cp == 2:  # the same, written out
             assert result["cp_positions"][0] == [*range(16), *range(48, 64)]
             assert result["cp_positions"][1] == list(range(16, 48))
+    # Expert parallel split every expert weight over its degree, and nothing else.
+    ep = int(overrides[overrides.index(EP) + 1]) if EP in overrides else 1
+    experts = {k for k in baseline["weights"] if ".experts." in k} if ep > 1 else set()
+    assert result["expert_split"] == dict.fromkeys(experts, ep), result["expert_split"]
     # After step 1 every group the layout made (the default one, each mesh dimension's, the
     # loss's) has the training timeout (the default 100 s), on every rank.
     wrong = [(ranks, t) for ranks, t in result["group_timeouts"] if t != 100.0]

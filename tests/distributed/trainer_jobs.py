@@ -114,28 +114,35 @@ def persistent_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]
 def layout_facts(model: torch.nn.Module, shards) -> dict:
     """What the layout did on every rank, for tests to compare with what was configured: the
     names of the compiled modules (merged over ranks and stages), under context parallel the
-    window positions each rank held in its last step (`shards`: the SequenceShards), and the
-    timeout of every process group of every rank.
+    window positions each rank held in its last step (`shards`: the SequenceShards), the
+    parameters split over an expert-parallel mesh dim (name -> its degree), and the timeout of
+    every process group of every rank.
     Collective."""
     compiled = [
         _clean(name)
         for name, module in model.named_modules()
         if getattr(module, "_compiled_call_impl", None) is not None
     ]
+    expert_split = {
+        _clean(name): param.device_mesh.size(param.device_mesh.mesh_dim_names.index("ep"))
+        for name, param in model.named_parameters()
+        if isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
+    }
     held = None
     if shards is not None:
         held = (shards.mesh.get_local_rank(), shards.positions.tolist())
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (compiled, held, group_timeouts()))
+    dist.all_gather_object(everyone, (compiled, held, group_timeouts(), expert_split))
     positions = {}
-    for _, rank_held, _ in everyone:
+    for _, rank_held, _, _ in everyone:
         if rank_held is not None:
             positions[rank_held[0]] = rank_held[1]
     return {
-        "compiled": sorted({n for names, _, _ in everyone for n in names}),
+        "compiled": sorted({n for names, _, _, _ in everyone for n in names}),
         "cp_positions": positions,
         # Every process group of every rank: (its ranks, its collective timeout in seconds).
-        "group_timeouts": [g for _, _, groups in everyone for g in groups],
+        "group_timeouts": [g for _, _, groups, _ in everyone for g in groups],
+        "expert_split": {k: v for *_, split in everyone for k, v in split.items()},
     }
 
 

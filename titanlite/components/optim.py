@@ -80,20 +80,31 @@ def clip_grad_norm_(
     """Global gradient norm over all ranks' shards, clipping when max_norm > 0.
 
     With sharded (DTensor) gradients the per-shard norms are reduced across the mesh by
-    DTensor itself; full_tensor() then gives every rank the same global value. Pipeline stages
-    hold different parameters: their squared norms are summed over `pp_group`.
+    DTensor itself; full_tensor() then gives every rank the same global value. Gradients on
+    different meshes (expert-parallel experts next to the dense parameters) are normed per mesh
+    and their squares summed. Pipeline stages hold different parameters: their squared norms
+    are summed over `pp_group`.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            mesh = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(mesh, []).append(p)
+    norms = [_norm([p.grad for p in group]) for group in by_mesh.values()] or [_norm([])]
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
     if pp_group is not None:
         squared = total**2
         dist.all_reduce(squared, group=pp_group)
         total = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        for group in by_mesh.values():  # a foreach op takes the DTensors of one mesh
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total
+
+
+def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    return total.full_tensor() if isinstance(total, DTensor) else total
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> dict[str, float]:

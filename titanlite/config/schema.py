@@ -254,7 +254,12 @@ class Parallelism:
         "how cp ranks exchange keys and values: allgather (alltoall is not built)",
         choices=["allgather", "alltoall"],
     )
-    expert_parallel_degree: int = opt(1, "expert-parallel ranks (MoE)", unsupported=True)
+    expert_parallel_degree: int = opt(
+        1,
+        "ranks an MoE's experts are split over (all-to-all token dispatch), borrowed from "
+        "data_parallel_shard x context_parallel x tensor_parallel",
+        min=1,
+    )
 
 
 @dataclass

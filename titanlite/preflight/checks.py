@@ -124,6 +124,7 @@ def check_parallelism(
         world_size,
         p.pipeline_parallel_degree,
         p.context_parallel_degree,
+        p.expert_parallel_degree,
     )
     seq_lens = {"training.seq_len": t.seq_len}
     if job.validation.enabled and job.validation.seq_len:
@@ -154,6 +155,7 @@ def check_parallelism(
         device_type=device_type,
         async_tp=p.enable_async_tensor_parallel,
         compile=t.compile,
+        num_experts=moe.num_experts if (moe := getattr(args, "moe", None)) else 0,
     )
     if (v_seq := job.validation.enabled and job.validation.seq_len) and v_seq % dims.tp:
         raise LayoutError(

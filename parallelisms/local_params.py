@@ -1,0 +1,43 @@
+"""Run a module's forward on the local tensors of its DTensor parameters.
+
+A layout that splits or replicates an MoE's parameters as DTensors computes with their local
+tensors (grouped GEMMs, routing and gathers are not DTensor ops). A pre-forward hook swaps each
+chosen parameter for `to_local(param)` (an autograd function of it, so the gradient reaches the
+DTensor with its placements, where FSDP reduces it), and a post-forward hook puts the
+parameters back. Registered before `fully_shard`, these hooks run after FSDP's all-gather and
+before its reshard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def compute_on_local_params(
+    module: nn.Module,
+    params: list[tuple[nn.Module, str]],
+    to_local: Callable[[DTensor], torch.Tensor],
+) -> None:
+    """During `module`'s forward, each (owner, name) parameter is `to_local` of itself."""
+    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+    def swap(module: nn.Module, args: tuple) -> tuple:
+        for owner, name in params:
+            param = owner._parameters[name]
+            if isinstance(param, DTensor):
+                swapped.append((owner, name, param))
+                owner._parameters[name] = to_local(param)  # type: ignore[assignment]
+        return tuple(a.to_local() if isinstance(a, DTensor) else a for a in args)
+
+    def restore(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        while swapped:
+            owner, name, param = swapped.pop()
+            owner._parameters[name] = param
+        return output
+
+    module.register_forward_pre_hook(swap)
+    module.register_forward_hook(restore, always_call=True)
