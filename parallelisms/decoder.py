@@ -54,7 +54,7 @@ def parallelize_decoder(
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
     float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
     layers = cast(nn.ModuleDict, model.layers)
-    experts = [moe.experts for _, moe in moe_layers(model)]
+    experts: list[nn.Module] = [moe.experts for _, moe in moe_layers(model)]
 
     if dims.ep_enabled:
         for _, moe in moe_layers(model):

@@ -30,7 +30,7 @@ def compute_on_local_params(
             param = owner._parameters[name]
             if isinstance(param, DTensor):
                 swapped.append((owner, name, param))
-                owner._parameters[name] = to_local(param)  # type: ignore[assignment]
+                owner._parameters[name] = to_local(param)
         return tuple(a.to_local() if isinstance(a, DTensor) else a for a in args)
 
     def restore(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:

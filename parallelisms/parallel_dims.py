@@ -243,7 +243,7 @@ class ParallelDims:
                 dist.distributed_c10d._set_pg_timeout(timeout, group)
         return meshes
 
-    def _expert_meshes(self, world: DeviceMesh) -> dict[str, DeviceMesh]:
+    def _expert_meshes(self, world: DeviceMesh) -> dict[str, DeviceMesh | None]:
         names = tuple(n for n in ("dp_shard", "cp", "tp") if n in (world.mesh_dim_names or ()))
         borrowed = world[names]._flatten("dp_shard_cp_tp") if len(names) > 1 else world[names[0]]
         sparse = borrowed._unflatten(0, (self.efsdp, self.ep), ("efsdp", "ep"))

@@ -90,7 +90,8 @@ def clip_grad_norm_(
         if p.grad is not None:
             mesh = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
             by_mesh.setdefault(mesh, []).append(p)
-    norms = [_norm([p.grad for p in group]) for group in by_mesh.values()] or [_norm([])]
+    norms = [_norm([p.grad for p in group if p.grad is not None]) for group in by_mesh.values()]
+    norms = norms or [_norm([])]
     total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
     if pp_group is not None:
         squared = total**2
