@@ -17,9 +17,10 @@ r * local .. (r + 1) * local - 1. Around that call:
 3. combine: the rows are unsorted back to source order and return by the reverse all-to-all, to
    the same places they left: the MoE weighs and sums them as without expert parallel.
 
-Every step is a permutation or a copy (no atomics, no reduction over ranks), so the result is
-bit for bit the one-process result for the same routing: each row meets the same weights in a
-grouped GEMM of the same expert. The sync-free alternatives (DeepEP's kernels, torch's
+Every step is a permutation or a copy (no atomics, no reduction over ranks): each row meets the
+same weights in a grouped GEMM of the same expert as in one process, and differs from the
+one-process result only by the GEMM's blocking over other row counts (measured: outputs within
+4e-9, weight gradients within 2.1e-7 relative, tests/distributed/test_expert_parallel.py). The sync-free alternatives (DeepEP's kernels, torch's
 symmetric-memory all-to-all, which read the splits on the device) are GPU work not built here.
 
 Gradients. A local expert's weight gradient sums the contributions of every token routed to it
