@@ -93,8 +93,7 @@ def parallelize_decoder(
                 divide_factor=dims.loss_ranks,
                 param_dtype=opts.param_dtype,
                 reduce_dtype=opts.reduce_dtype,
-                reshard_after_forward=opts.reshard_after_forward != "never"
-                and not dims.pp_enabled,
+                reshard_after_forward=opts.reshard_after_forward != "never" and not dims.pp_enabled,
                 cpu_offload=opts.cpu_offload,
             )
         apply_fsdp(

@@ -76,7 +76,9 @@ class _TokenExchange:
         ranks, local = self.ranks, self.local_experts
         incoming = torch.empty_like(counts)
         dist.all_to_all_single(incoming, counts.contiguous(), group=self.group)
-        by_rank = torch.stack([counts.view(ranks, local).sum(1), incoming.view(ranks, local).sum(1)])
+        by_rank = torch.stack(
+            [counts.view(ranks, local).sum(1), incoming.view(ranks, local).sum(1)]
+        )
         sent, received = by_rank.tolist()  # the one host sync
         arrived = funcol.all_to_all_single_autograd(rows, received, sent, self.group)
         expert = torch.arange(local, device=rows.device).repeat(ranks)

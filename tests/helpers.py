@@ -45,6 +45,13 @@ LAYOUTS = {
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
     "fsdp2_tp2": (4, FSDP2_TP2),
     "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
+    # Expert parallel (an MoE model): experts over 4 ranks, over 2 of 4 (FSDP 2 each), none.
+    "ep4": (4, ["--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "4"]),
+    "ep2_fsdp4": (
+        4,
+        ["--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2"],
+    ),
+    "fsdp4": (4, ["--training.local_batch_size", "2"]),
 }
 # The smallest run through ./run_train.sh: one step of 2 x 64 tokens (the e2e failure cases).
 ONE_STEP = [

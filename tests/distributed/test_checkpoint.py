@@ -80,6 +80,9 @@ SAVES = {
     # Qwen3 MoE: the expert bias, a buffer, is in the checkpoint beside the weights.
     "moe_one": ("one", 6, 3, QWEN3_MOE_BIAS),
     "moe_fsdp2": ("fsdp2", 6, 3, QWEN3_MOE_BIAS),
+    # Expert parallel: the experts split over 4 ranks in the checkpoint; its last save is also
+    # exported to Hugging Face by the ranks.
+    "moe_ep4": ("ep4", 6, 3, (*QWEN3_MOE_BIAS, "--checkpoint.last_save_in_hf")),
 }
 SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
@@ -103,15 +106,19 @@ RESUMES = {
     "moe_resumed_fsdp2": ("moe_fsdp2", 3, "fsdp2", 6, 3),
     "moe_fsdp2_to_one": ("moe_fsdp2", 3, "one", 6, 3),
     "moe_one_to_2x2": ("moe_one", 3, "fsdp2_tp2", 6, 3),
+    "moe_resumed_ep4": ("moe_ep4", 3, "ep4", 6, 3),
+    "moe_ep4_to_ep2_fsdp4": ("moe_ep4", 3, "ep2_fsdp4", 6, 3),
+    "moe_ep4_to_fsdp4": ("moe_ep4", 3, "fsdp4", 6, 3),
+    "moe_ep4_to_one": ("moe_ep4", 3, "one", 6, 3),
 }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, TrainerJobs]:
     """Every run of this module that a test reads afterwards, {name: its group}: one process
-    group per world size and phase (the saves of 1 and 2 processes; the 4-process save with the
-    4-process resumes; then the 2- and 1-process resumes, each of a copy of the step it
-    resumes, as a relaunch finds it)."""
+    group per world size and phase (the saves of 1 and 2 processes; the 4-process saves with the
+    4-process resumes of earlier saves; the 4-process resumes of those; then the 2- and
+    1-process resumes), each resume of a copy of the step it resumes, as a relaunch finds it."""
     root = tmp_path_factory.mktemp("runs")
     groups: dict[str, TrainerJobs] = {}
     count = itertools.count()
@@ -136,12 +143,14 @@ def runs(tmp_path_factory) -> dict[str, TrainerJobs]:
     by_world = {n: [k for k, v in SAVES.items() if LAYOUTS[v[0]][0] == n] for n in (1, 2, 4)}
     phase(1, [*by_world[1], "seed"], [])
     phase(2, by_world[2], [])
-    for nproc in (4, 2, 1):
-        phase(
-            nproc,
-            by_world[4] if nproc == 4 else [],
-            [k for k, v in RESUMES.items() if LAYOUTS[v[2]][0] == nproc],
-        )
+    pending = dict(RESUMES)
+    for nproc, saves in ((4, by_world[4]), (4, []), (2, []), (1, [])):
+        ready = [k for k, v in pending.items() if LAYOUTS[v[2]][0] == nproc and v[0] in groups]
+        if saves or ready:
+            phase(nproc, saves, ready)
+        for name in ready:
+            del pending[name]
+    assert not pending, pending
     return groups
 
 
@@ -197,6 +206,38 @@ def test_moe_resume_carries_the_expert_bias(runs, name):
 def _expert_biases(folder: Path, step: int) -> dict[str, torch.Tensor]:
     model = load_full_state_dict(folder / "checkpoint" / f"step-{step}")["model"]
     return {k: v for k, v in model.items() if k.endswith("expert_bias")}
+
+
+@pytest.mark.slow
+def test_hf_export_of_an_expert_parallel_run_equals_the_one_process_conversion(runs, tmp_path):
+    """The EP 4 run's ranks exported its last step to Hugging Face; one process converting the
+    same checkpoint (scripts/convert_checkpoint.py dcp-to-hf) writes the same tensors."""
+    from safetensors.torch import load_file
+
+    folder = _folder(runs, "moe_ep4") / "checkpoint"
+    converted = tmp_path / "hf"
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/convert_checkpoint.py",
+            "dcp-to-hf",
+            folder / "step-6",
+            converted,
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    exported, want = (
+        _safetensors(folder / "hf-step-6", load_file),
+        _safetensors(converted, load_file),
+    )
+    assert any(".experts." in k for k in want), sorted(want)[:5]
+    _assert_same(exported, want)
+
+
+def _safetensors(folder: Path, load_file) -> dict[str, torch.Tensor]:
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
 @pytest.mark.slow

@@ -485,3 +485,26 @@ def test_impossible_context_parallel_layouts_stop_before_launch(tmp_path):
     expect_one_line(got["flex"], 2, "'flex' is not wired for it")
     expect_one_line(got["world"], 2, "world size 2 is not divisible by context_parallel_degree (4)")
     no_tracebacks(got)
+
+
+def test_impossible_expert_parallel_layouts_stop_before_launch(tmp_path):
+    dump = ["--job.dump_folder", str(tmp_path / "out")]
+    ep = ["--parallelism.expert_parallel_degree"]
+    moe = ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe"]  # 8 experts
+    cases = {
+        "dense": ([*dump, *ep, "2"], {}),
+        "borrowed": ([*dump, *moe, *ep, "4"], {}),  # 2 ranks of dp_shard to borrow from
+        "experts": ([*dump, *moe, *ep, "3", "--training.local_batch_size", "3"], {"NGPU": "3"}),
+        "zero": ([*dump, *moe, *ep, "0"], {}),
+    }
+    for _, env in cases.values():
+        env.setdefault("NGPU", "2")
+    got = preflight_cases(cases, shell=("borrowed",))
+    expect_one_line(got["dense"], 2, "expert_parallel_degree = 2 needs a Mixture-of-Experts")
+    expect_one_line(got["dense"], 2, "this model has 0 experts: pick an MoE flavor")
+    expect_one_line(
+        got["borrowed"], 2, "expert_parallel_degree = 4 does not divide data_parallel_shard_degree"
+    )
+    expect_one_line(got["experts"], 2, "this model has 8 experts: pick a divisor of it")
+    expect_one_line(got["zero"], 2, "expert_parallel_degree")
+    no_tracebacks(got)
