@@ -183,6 +183,54 @@ def test_qwen3_30b_a3b_under_tensor_parallel_gathers_whole_experts():
     assert 0.9 * one.bytes[unsharded] < two.bytes[unsharded] < one.bytes[unsharded]
 
 
+def test_expert_parallel_plans_30b_a3b_and_235b_a22b_beside_the_same_models_without_it():
+    """30B-A3B on 64 ranks with EP 8 x efsdp 8, 235B-A22B on 256 with EP 16 x efsdp 16 (and
+    with PP 4), each against the same model without EP: the same expert states per rank (the
+    experts are spread over all ranks either way), less gathered by FSDP (a rank gathers its
+    own experts only), and the all-to-all's buffers, balanced in the total and the worst routing
+    beside it with its own verdict."""
+    cases = {
+        "30b": (["--config", "qwen3_30b_a3b.toml"], 64, 8, 8),
+        "235b": (["--config", "qwen3_30b_a3b.toml", "--model.flavor", "235B-A22B"], 256, 16, 16),
+        "235b_pp4": (
+            [
+                "--config",
+                "qwen3_30b_a3b.toml",
+                "--model.flavor",
+                "235B-A22B",
+                "--parallelism.pipeline_parallel_degree",
+                "4",
+            ],
+            256,
+            16,
+            4,
+        ),
+    }
+    for name, (argv, world, ep, efsdp) in cases.items():
+        ep_flag = ["--parallelism.expert_parallel_degree", str(ep)]
+        without, with_ep = plan(config.load(argv), world), plan(config.load([*argv, *ep_flag]), world)
+        assert with_ep.seconds < 30, (name, with_ep.seconds)
+        a2a = with_ep.all_to_all
+        assert a2a is not None and without.all_to_all is None
+        assert (a2a.ep, a2a.efsdp, a2a.local_experts) == (ep, efsdp, 128 // ep), name
+        assert f"EP {ep}, {128 // ep} per rank" in with_ep.moe_note
+        states = "expert weights + grads + optimizer"
+        assert with_ep.moe[states] <= without.moe[states], name  # (FSDP pads 128 rows to 256)
+        unsharded = "FSDP unsharded params/grads"
+        assert with_ep.bytes[unsharded] < without.bytes[unsharded], name
+        # One layer's send and receive buffers: the rank's tokens' k copies each way, bf16.
+        tokens = 4 * 4096 // (1 if "pp4" not in name else 4)  # micro-batch under PP: 1 of 4
+        dim = 2048 if name == "30b" else 4096
+        assert a2a.balanced == 2 * tokens * 8 * dim * 2, name
+        assert with_ep.bytes["all-to-all buffers (EP, balanced)"] == a2a.balanced
+        assert a2a.worst > a2a.balanced
+        text = with_ep.render()
+        assert f"EP {ep} x efsdp {efsdp}: {128 // ep} experts per rank" in text, text
+        worst = with_ep.total - a2a.balanced + a2a.worst
+        verdict = "FITS" if worst <= with_ep.device_memory - with_ep.headroom else "DOES NOT FIT"
+        assert f"-> total {worst / 2**30:.2f} GiB, {verdict}" in text, text
+
+
 def test_float8_plan_builds_the_nccl_only_paths():
     # Float8 TP styles and the FSDP float8 weight wrapper need NCCL to run; planning for a GPU
     # cluster builds them on meta tensors, which is as far as a CPU machine can take them.

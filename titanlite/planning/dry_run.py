@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
 from titanlite.core.errors import report
 from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
+from titanlite.planning.expert_parallel import AllToAllPlan, all_to_all_plan
 from titanlite.planning.headroom import communicators, headroom
 from titanlite.preflight.memory import keeps_unsharded_grads, warning_line
 
@@ -173,6 +174,7 @@ class Plan:
     # An MoE's share of the rows above, by part (not added to the total again); {} if dense.
     moe: dict[str, int] = field(default_factory=dict)
     moe_note: str = ""  # the MoE's shape, the heading of those rows
+    all_to_all: AllToAllPlan | None = None  # under expert parallel
     active_params: int = 0  # the parameters a token runs through (an MoE's FLOPs count these)
 
     @property
@@ -228,6 +230,9 @@ class Plan:
         if self.moe:
             lines.append(f"  of which Mixture of Experts ({self.moe_note}; included above):")
             lines += [f"    {name:<36} {value / GIB:9.2f} GiB" for name, value in self.moe.items()]
+        if self.all_to_all is not None:
+            room = self.device_memory - self.headroom
+            lines.append("  " + self.all_to_all.describe(self.total, room))
         if not self.fits:
             top = max(self.bytes, key=lambda name: self.bytes[name])
             remedy = (
@@ -277,7 +282,19 @@ def plan(
     tokens = t.local_batch_size * t.seq_len * dims.dp_size * pre.grad_accum_steps
     per_rank = batch * t.seq_len // dims.cp
     context_parallel, memory_budget = _notes(job, pre, built, batch)
-    moe, moe_note = _moe_rows(pre.model_args, moe_states, act)
+    moe, moe_note = _moe_rows(pre.model_args, moe_states, act, dims.ep)
+    all_to_all = None
+    if dims.ep_enabled:
+        args = cast(Any, pre.model_args)  # an MoE family's: expert parallel needs one
+        all_to_all = all_to_all_plan(
+            args.moe,
+            args.dim,
+            built.options.param_dtype.itemsize,
+            tokens=per_rank // dims.tp,
+            ep=dims.ep,
+            efsdp=dims.efsdp,
+        )
+        sizes["all-to-all buffers (EP, balanced)"] = all_to_all.balanced
     spec = built.family.model
     return Plan(
         world_size=world_size,
@@ -304,6 +321,7 @@ def plan(
         warnings=warnings,
         moe=moe,
         moe_note=moe_note,
+        all_to_all=all_to_all,
         active_params=_active_params(spec, pre.model_args),
     )
 
@@ -322,7 +340,9 @@ MOE_ACTIVATIONS = {  # models/estimate.py's parts -> the plan's rows
 }
 
 
-def _moe_rows(args, states: dict[str, int], act: ActivationEstimate) -> tuple[dict[str, int], str]:
+def _moe_rows(
+    args, states: dict[str, int], act: ActivationEstimate, ep: int
+) -> tuple[dict[str, int], str]:
     """The MoE rows (what the state and activation rows hold of its parts) and their heading."""
     moe = getattr(args, "moe", None)
     if moe is None or not states:
@@ -333,7 +353,8 @@ def _moe_rows(args, states: dict[str, int], act: ActivationEstimate) -> tuple[di
     }
     for part, (blocks, recompute) in act.moe.items():
         rows[MOE_ACTIVATIONS[part]] = blocks + recompute
-    return rows, f"{moe.num_experts} experts, {moe.top_k} per token, no expert parallel"
+    split = f"EP {ep}, {moe.num_experts // ep} per rank" if ep > 1 else "no expert parallel"
+    return rows, f"{moe.num_experts} experts, {moe.top_k} per token, {split}"
 
 
 def _notes(job: JobConfig, pre: Preflight, built: BuiltModel, batch: int) -> tuple[str, str]:
@@ -451,17 +472,16 @@ def _fsdp_unsharded(job: JobConfig, pre: Preflight, built: BuiltModel) -> int | 
 
 def gathered_numel(p: torch.Tensor) -> int:
     """Elements of `p` that FSDP all-gathers on this rank: the whole parameter, less a
-    tensor-parallel split (an MoE's experts, replicated over tp, are gathered whole on every tp
-    rank; parallelisms/moe_tp.py)."""
+    tensor-parallel or expert-parallel split (an MoE's experts, replicated over tp, are gathered
+    whole on every tp rank, parallelisms/moe_tp.py; split over ep, each rank gathers its own)."""
     if not isinstance(p, DTensor):
         return p.numel()
     names = p.device_mesh.mesh_dim_names or ()
-    split = [
-        p.device_mesh.size(i)
-        for i, (name, placement) in enumerate(zip(names, p.placements))
-        if name == "tp" and placement.is_shard()
-    ]
-    return p.numel() // (split[0] if split else 1)
+    split = 1
+    for i, (name, placement) in enumerate(zip(names, p.placements)):
+        if name in ("tp", "ep") and placement.is_shard():
+            split *= p.device_mesh.size(i)
+    return p.numel() // split
 
 
 def _kept_unsharded_grads(built: BuiltModel) -> int:
