@@ -208,7 +208,10 @@ def test_expert_parallel_plans_30b_a3b_and_235b_a22b_beside_the_same_models_with
     }
     for name, (argv, world, ep, efsdp) in cases.items():
         ep_flag = ["--parallelism.expert_parallel_degree", str(ep)]
-        without, with_ep = plan(config.load(argv), world), plan(config.load([*argv, *ep_flag]), world)
+        without, with_ep = (
+            plan(config.load(argv), world),
+            plan(config.load([*argv, *ep_flag]), world),
+        )
         assert with_ep.seconds < 30, (name, with_ep.seconds)
         a2a = with_ep.all_to_all
         assert a2a is not None and without.all_to_all is None

@@ -67,7 +67,7 @@ def test_older_spellings_and_refusals(tmp_path, capsys):
     for body, words in (
         ("[compile]\nenable = true\ncomponents = ['model']\n", "titanlite supports only"),
         ("[fault_tolerance]\nenable = true\n", "not supported by titanlite yet"),
-        ("[parallelism]\nexpert_parallel_degree = 2\n", "not supported by titanlite yet"),
+        ("[parallelism]\nenable_compiled_autograd = true\n", "not supported by titanlite yet"),
         ("[quantize.linear.mx]\nrecipe_name = 'mxfp8'\n", "unknown section"),
     ):
         bad = tmp_path / "bad.toml"

@@ -158,6 +158,11 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
     if key not in fields:
         raise ConfigError(f"{origin}: unknown key '{key}' in [{section}]{_closest(key, fields)}")
     tp = _field_types(type(sec))[key]
+    choices = fields[key].metadata.get("choices")
+    if choices is not None and raw in choices:
+        # A choice spelled "none" is that choice, not the unset None of an optional field
+        # (--model.moe_load_balance none was read as "the flavor's default").
+        tp = _strip_optional(tp)[0]
     try:
         value = _coerce(raw, tp, from_cli)
     except IntegerOutOfRange:
@@ -167,7 +172,6 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
     except ValueError:
         raise ConfigError(f"{where} = {raw!r}: expected {_type_name(tp)}") from None
     meta = fields[key].metadata
-    choices = meta.get("choices")
     if choices is not None:
         shown = ", ".join(repr(c) for c in choices)
         if not isinstance(value, list) and value not in choices:

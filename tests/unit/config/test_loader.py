@@ -185,7 +185,7 @@ def test_torchtitan_toml_loads_unchanged(tmp_path):
             ["--optimizer.implementation", "fast"],
             "expected one of 'fused', 'foreach', 'for-loop'",
         ),
-        ("", ["--parallelism.expert_parallel_degree", "2"], "not supported by titanlite yet"),
+        ("", ["--parallelism.enable_compiled_autograd", "true"], "not supported by titanlite yet"),
         (
             "[validation]\nenabled = true\n",
             [],
@@ -393,3 +393,13 @@ def test_an_earlier_different_config_is_kept_never_overwritten(tmp_path):
     assert kept == ["a = 1\n", "a = 2\n"]
     assert (tmp_path / "config.toml").read_text() == "a = 3\n"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_choice_named_none_is_that_choice_not_unset():
+    """`[model] moe_load_balance` is optional (unset: the flavor's) and one of its choices is
+    "none": the CLI's `none` chooses no balancing; the CLI's `none` of an optional number still
+    unsets it."""
+    moe = ["--config", "qwen3_moe_debug.toml"]
+    assert config.load([*moe, "--model.moe_load_balance", "none"]).model.moe_load_balance == "none"
+    assert config.load(moe).model.moe_load_balance == "aux_loss"  # the preset's
+    assert config.load([*moe, "--model.moe_aux_loss_coef", "none"]).model.moe_aux_loss_coef is None

@@ -53,6 +53,32 @@ def test_3d_hsdp_tp_mesh_coordinates(fake_world):
 
 
 @pytest.mark.parametrize(
+    "world, rank, degrees, ep, ep_ranks, efsdp_ranks",
+    [
+        # (dp_replicate, dp_shard, tp, pp, cp); the ranks of this rank's ep and efsdp groups
+        (4, 1, (1, 4, 1, 1, 1), 2, [0, 1], [1, 3]),
+        (4, 2, (1, 4, 1, 1, 1), 4, [0, 1, 2, 3], [2]),
+        (8, 5, (1, 2, 2, 1, 2), 4, [4, 5, 6, 7], [1, 5]),  # borrows tp, then cp
+        (8, 5, (1, 2, 2, 1, 2), 2, [4, 5], [1, 3, 5, 7]),  # the tp pair
+        (8, 5, (2, 2, 2, 1, 1), 2, [4, 5], [[1, 3], [5, 7]]),  # HSDP: (replicate, efsdp)
+        (8, 5, (1, 2, 1, 2, 2), 4, [4, 5, 6, 7], [5]),  # inside a pipeline stage
+    ],
+)
+def test_expert_parallel_meshes(fake_world, world, rank, degrees, ep, ep_ranks, efsdp_ranks):
+    """EP borrows the innermost ranks of dp_shard x cp x tp; efsdp, the experts' FSDP, is what
+    remains (behind dp_replicate under HSDP), each a view of the same ranks."""
+    fake_world(world, rank=rank)
+    dp_replicate, dp_shard, tp, pp, cp = degrees
+    dims = ParallelDims.resolve(dp_replicate, dp_shard, tp, world, pp, cp, ep)
+    meshes = dims.build_meshes("cpu")
+    assert meshes.get("ep").mesh.tolist() == ep_ranks
+    if dims.fsdp_enabled:
+        assert meshes.get("efsdp").mesh.tolist() == efsdp_ranks
+    assert dims.efsdp * ep == dp_shard * cp * tp
+    assert f"experts: ep={ep} x efsdp={dims.efsdp}" in dims.describe()
+
+
+@pytest.mark.parametrize(
     "world, rank, degrees, names, fsdp_names, fsdp_size",
     [
         # (dp_replicate, dp_shard, tp, pp, cp)
