@@ -81,8 +81,8 @@ def plot(curves: dict[str, list[dict[str, float]]], out: Path) -> None:
             label = f"{mode}" if i == 0 else None
             axes.plot(range(1, len(values) + 1), smooth, color=color, alpha=0.8, label=label)
     axes.set_xlabel("step")
-    axes.set_ylabel(f"max/mean tokens per expert ({WINDOW}-step mean, one line per layer)")
-    axes.set_title("Qwen3 MoE debug model: expert bias vs no balancing")
+    axes.set_ylabel(f"max/mean tokens per expert ({WINDOW}-step mean)")
+    axes.set_title("Qwen3 MoE debug model, one line per layer: expert bias vs no balancing")
     axes.axhline(1.0, color="grey", linewidth=0.5)
     axes.legend()
     figure.tight_layout()

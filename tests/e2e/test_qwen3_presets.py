@@ -1,7 +1,7 @@
 """The Qwen3 presets through the launcher's surface: the dry run plans Qwen3-8B on 8 GPUs, a
 tied flavor under pipeline parallel is one line, exit 2 (its head is its embedding, which no
-pipeline split can put on two stages), and the MoE debug preset trains on 2 ranks with its
-load figures in metrics.jsonl."""
+pipeline split can put on two stages), and the MoE debug preset trains on 2 ranks, its experts
+split over them, with its load figures in metrics.jsonl."""
 
 from helpers import dry_run, expect_one_line, read_jsonl, run_train
 
@@ -33,9 +33,11 @@ def test_a_llama_only_model_key_for_qwen3_is_one_line_not_ignored():
 
 
 def test_the_moe_debug_preset_trains_on_two_ranks_and_logs_its_load(tmp_path):
+    """With its experts split over the 2 ranks (expert parallel), from the command line."""
     proc = run_train(
         ["--config", "qwen3_moe_debug.toml", "--training.steps", "2"]
-        + ["--model.moe_load_balance", "expert_bias", "--job.dump_folder", str(tmp_path)],
+        + ["--model.moe_load_balance", "expert_bias", "--job.dump_folder", str(tmp_path)]
+        + ["--parallelism.expert_parallel_degree", "2"],
         NGPU="2",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,6 +49,7 @@ def test_the_moe_debug_preset_trains_on_two_ranks_and_logs_its_load(tmp_path):
         assert r["moe_imbalance_max"] == max(r["moe_imbalance"].values()) >= 1
         assert "moe_aux_loss" not in r  # the expert bias balances, no aux loss
     assert "moe imbalance" in proc.stderr
+    assert "mesh dp_shard=2, experts: ep=2 x efsdp=1 (world 2)" in proc.stderr
 
 
 def test_a_tokenizer_larger_than_a_published_vocabulary_is_one_line(tmp_path):
