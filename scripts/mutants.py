@@ -94,8 +94,8 @@ MUTANTS = [
         "first_block_not_compiled",
         "compile skips the first transformer block",
         "parallelisms/compile.py",
-        "    for block in blocks:\n        block.compile(fullgraph=True)",
-        "    for block in blocks[1:]:\n        block.compile(fullgraph=True)",
+        "    for block in blocks:\n        block.compile(fullgraph=not breaks_at_dispatch)",
+        "    for block in blocks[1:]:\n        block.compile(fullgraph=not breaks_at_dispatch)",
         _layout("tp2_compile"),
     ),
     # The context-parallel load balancer (item 4).
@@ -144,8 +144,8 @@ MUTANTS = [
         "bf16_cast_dropped",
         "FSDP's mixed-precision policy computes in float32",
         "parallelisms/fsdp.py",
-        "MixedPrecisionPolicy(param_dtype, reduce_dtype)",
-        "MixedPrecisionPolicy(torch.float32, reduce_dtype)",
+        '{"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype, reduce_dtype)}',
+        '{"mesh": mesh, "mp_policy": MixedPrecisionPolicy(torch.float32, reduce_dtype)}',
         (f"{BF16}[fsdp2_bf16]",),
     ),
     # Pipeline checkpoints under multi-stage schedules (item 9).
