@@ -157,7 +157,6 @@ LAYOUTS = {
     "qwen3_one": (1, [LBS, "8", *QWEN3]),
     "qwen3_fsdp2": (2, [LBS, "4", *QWEN3]),
     "qwen3_tp2": (2, [LBS, "8", TP, "2", *QWEN3]),
-    "qwen3_fsdp2_tp2": (4, [LBS, "4", TP, "2", *QWEN3]),
     "qwen3_fsdp2_tp2_compile": (4, [LBS, "4", TP, "2", "--training.compile", *QWEN3]),
     "qwen3_pp2": (2, [LBS, "8", PP, "2", *QWEN3]),
     "qwen3_cp2": (2, [LBS, "8", CP, "2", *QWEN3]),
@@ -175,7 +174,6 @@ LAYOUTS = {
     # and the expert counts are summed over tp, the aux loss's statistics completed over tp.
     "qwen3_moe_tp2": (2, [LBS, "8", TP, "2", *QWEN3_MOE]),
     "qwen3_moe_bias_tp2": (2, [LBS, "8", TP, "2", *QWEN3_MOE_BIAS]),
-    "qwen3_moe_bias_fsdp2_tp2": (4, [LBS, "4", TP, "2", *QWEN3_MOE_BIAS]),
     # Pipeline stages under tensor parallel: each stage's MoE blocks with their aux losses.
     "qwen3_moe_pp2_tp2": (4, [LBS, "8", PP, "2", TP, "2", *QWEN3_MOE]),
     # The expert bias under PP: torch's shape-learning first forward must not count.
@@ -187,7 +185,6 @@ LAYOUTS = {
     # sent to them and back by all-to-all; the rest of dp_shard x cp x tp shards them (efsdp).
     "qwen3_moe_ep2": (2, [LBS, "4", EP, "2", *QWEN3_MOE]),
     "qwen3_moe_ep4": (4, [LBS, "2", EP, "4", *QWEN3_MOE]),
-    "qwen3_moe_ep2_fsdp4": (4, [LBS, "2", EP, "2", *QWEN3_MOE]),
     "qwen3_moe_ep2_fsdp4_compile": (4, [LBS, "2", EP, "2", "--training.compile", *QWEN3_MOE]),
     "qwen3_moe_ep2_fsdp2_tp2": (4, [LBS, "4", EP, "2", TP, "2", *QWEN3_MOE]),
     "qwen3_moe_bias_ep4_fsdp2_tp2": (4, [LBS, "4", EP, "4", TP, "2", *QWEN3_MOE_BIAS]),
@@ -200,7 +197,6 @@ REFERENCES = {
     "pp2_1block": "one_1block",
     "qwen3_fsdp2": "qwen3_one",
     "qwen3_tp2": "qwen3_one",
-    "qwen3_fsdp2_tp2": "qwen3_one",
     "qwen3_fsdp2_tp2_compile": "qwen3_one",
     "qwen3_pp2": "qwen3_one",
     "qwen3_cp2": "qwen3_one",
@@ -212,7 +208,6 @@ REFERENCES = {
     "qwen3_moe_bias_fsdp2": "qwen3_moe_bias_one",
     "qwen3_moe_tp2": "qwen3_moe_one",
     "qwen3_moe_bias_tp2": "qwen3_moe_bias_one",
-    "qwen3_moe_bias_fsdp2_tp2": "qwen3_moe_bias_one",
     "qwen3_moe_cp2": "qwen3_moe_one",
     "qwen3_moe_cp2_tp2": "qwen3_moe_one",
     **{n: "qwen3_moe_one" for n in LAYOUTS if n.startswith("qwen3_moe_ep")},
