@@ -19,6 +19,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from titanlite.config import mixture_tables as mixture
+from titanlite.config.errors import ConfigError
 from titanlite.config.schema import (
     FIXED_KEYS,
     IGNORED_KEYS,
@@ -29,11 +31,6 @@ from titanlite.config.schema import (
 )
 from titanlite.core.io import atomic_write_text, special_kind
 from titanlite.core.logging import logger
-
-
-class ConfigError(ValueError):
-    """A user-caused configuration mistake; the message is the whole explanation."""
-
 
 # Integers reach tensors, C++ (the process group's timeouts) and the clock: 64-bit signed.
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
@@ -84,6 +81,11 @@ def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
     base, optional = _strip_optional(tp)
     if optional and (value is None or (from_cli and str(value).lower() in ("none", "null"))):
         return None
+    if typing.get_origin(base) is dict:
+        if not isinstance(value, dict):
+            raise ValueError
+        value_tp = typing.get_args(base)[1]
+        return {str(k): _coerce(v, value_tp, from_cli) for k, v in value.items()}
     if typing.get_origin(base) is list:
         item_tp = typing.get_args(base)[0]
         # TorchTitan's TOMLs write lists as comma-separated strings too (filter_fqns = 'output').
@@ -155,10 +157,23 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
         raise ConfigError(f"{origin}: unknown section [{section}]{_closest(section, options)}")
     sec = getattr(cfg, section)
     fields = {f.name: f for f in dataclasses.fields(sec)}
+    if section == "data" and key in ("sources", "phases"):
+        setattr(sec, key, mixture.read_tables(raw, key, origin, _checked_value))
+        return
+    if section == "data" and key.startswith("sources."):  # --data.sources.<name>.<field>
+        mixture.set_source_field(sec.sources, key, raw, origin, _checked_value)
+        return
     if key not in fields:
         raise ConfigError(f"{origin}: unknown key '{key}' in [{section}]{_closest(key, fields)}")
-    tp = _field_types(type(sec))[key]
-    choices = fields[key].metadata.get("choices")
+    value = _checked_value(type(sec), fields[key], raw, where, from_cli)
+    setattr(sec, key, value)
+
+
+def _checked_value(cls: type, f: dataclasses.Field, raw: Any, where: str, from_cli: bool) -> Any:
+    """`raw` as field `f` of dataclass `cls` takes it: coerced to its type and checked against
+    its choices and bounds; ConfigError naming `where` otherwise."""
+    tp = _field_types(cls)[f.name]
+    choices = f.metadata.get("choices")
     if choices is not None and raw in choices:
         # A choice spelled "none" is that choice, not the unset None of an optional field
         # (--model.moe_load_balance none was read as "the flavor's default").
@@ -171,7 +186,7 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
         ) from None
     except ValueError:
         raise ConfigError(f"{where} = {raw!r}: expected {_type_name(tp)}") from None
-    meta = fields[key].metadata
+    meta = f.metadata
     if choices is not None:
         shown = ", ".join(repr(c) for c in choices)
         if not isinstance(value, list) and value not in choices:
@@ -187,12 +202,12 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
     high = meta.get("max")
     if high is not None and value is not None and value > high:
         raise ConfigError(f"{where} = {value!r}: must be <= {high}")
-    if meta.get("unsupported") and value != _default(fields[key]):
+    if meta.get("unsupported") and value != _default(f):
         raise ConfigError(
             f"{where} = {value!r}: not supported by titanlite yet; remove it or set it back to "
-            f"{_default(fields[key])!r}"
+            f"{_default(f)!r}"
         )
-    setattr(sec, key, value)
+    return value
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -368,6 +383,7 @@ def validate(cfg: JobConfig) -> None:
         _check_validation,
     ):
         check(cfg)
+    mixture.check_data(cfg.data, cfg.training.steps, cfg.training.dataset_path)
     p = cfg.parallelism
     if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
         raise ConfigError(
@@ -450,11 +466,21 @@ def to_toml(cfg: JobConfig) -> str:
     lines: list[str] = []
     for section, body in to_dict(cfg).items():
         lines.append(f"[{section}]")
+        tables = {k: v for k, v in body.items() if _is_table_array(v)}
         for key, value in body.items():
-            if value is not None:
+            if value is not None and key not in tables:
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
+        for key, records in tables.items():  # [[section.key]] after the section's own keys
+            for record in records:
+                lines.append(f"[[{section}.{key}]]")
+                lines += [f"{k} = {_toml_value(v)}" for k, v in record.items()]
+                lines.append("")
     return "\n".join(lines)
+
+
+def _is_table_array(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
 def _toml_value(v: Any) -> str:
@@ -464,6 +490,12 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table: { web = 0.5, code = 0.5 }
+        return (
+            "{ "
+            + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items())
+            + " }"
+        )
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -22,6 +22,8 @@ def opt(default: Any, help: str = "", **meta: Any) -> Any:
     meta["help"] = help
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -386,6 +388,48 @@ class Comm:
 
 
 @dataclass
+class MixtureSource:
+    """One `[[data.sources]]` table: a dataset of the mixture."""
+
+    name: str = opt("", "the source's name (in metrics: tokens_<name>)")
+    path: str = opt("", "prepared shards or text, as training.dataset_path takes")
+    weight: float = opt(
+        1.0, "relative weight; the weights are normalized over the sources", min=0.0
+    )
+    max_repetition: float = opt(
+        1.0, "epochs of this source the run may read before it is refused", min=0.0
+    )
+
+
+@dataclass
+class MixturePhase:
+    """One `[[data.phases]]` table: from `start_step` on, the sources' weights are `weights`."""
+
+    start_step: int = opt(1, "the phase's first training step", min=1)
+    weights: dict[str, float] = opt({}, "source name -> weight (sources left out: 0)")
+
+
+@dataclass
+class Data:
+    weight_unit: str = opt(
+        "tokens",
+        "what a weight is a share of: training tokens, or documents",
+        choices=["tokens", "documents"],
+    )
+    allow_mixture_change: bool = opt(
+        False,
+        "resume a checkpoint of another mixture, continuing each source from its recorded "
+        "position (otherwise refused, naming what changed)",
+    )
+    sources: list[MixtureSource] = opt(
+        [], "the mixture's sources ([[data.sources]]); none: training.dataset_path alone"
+    )
+    phases: list[MixturePhase] = opt(
+        [], "later phases' weights ([[data.phases]]); the sources' own weights from step 1"
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     profiling: Profiling = field(default_factory=Profiling)
@@ -400,6 +444,7 @@ class JobConfig:
     float8: Float8 = field(default_factory=Float8)
     validation: Validation = field(default_factory=Validation)
     comm: Comm = field(default_factory=Comm)
+    data: Data = field(default_factory=Data)
 
 
 # TorchTitan sections titanlite has no counterpart for yet: accepted when they hold these

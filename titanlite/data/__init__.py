@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from titanlite.data.documents import DatasetError, list_files
+from titanlite.data.mixture import Mixture
 from titanlite.data.shards import ShardSet, is_prepared
 from titanlite.data.tokenizer import Tokenizer, TokenizerError, resolve_tokenizer_path
 
@@ -35,7 +36,8 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # Built-in datasets by `training.dataset` name, used when `training.dataset_path` is unset.
 BUILTIN_DATASETS = {"titanlite_corpus": ASSETS / "corpus"}
 
-# What a dataset path resolves to: text files, or prepared shards.
+# What a dataset path resolves to: text files, or prepared shards. (Training may instead read a
+# Mixture of prepared sources, [[data.sources]].)
 DataSource = list[Path] | ShardSet
 
 
@@ -63,7 +65,7 @@ def open_dataset(
 
 
 def build_dataloader(
-    source: DataSource,
+    source: DataSource | Mixture,
     tokenizer: Tokenizer,
     *,
     seq_len: int,
@@ -74,18 +76,33 @@ def build_dataloader(
     text_field: str = "text",
     tokenize_group: Any = None,
     prefetch: bool = True,
+    windows_per_step: int = 0,
 ) -> Any:
     """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank.
     `tokenize_group`: the process group that shares tokenizing a text stream (PackedTextDataset);
     prepared shards need none. `prefetch`: the text reader reads and tokenizes on a thread of
-    its own (the loader itself has no worker process: the reader's exchange is a collective)."""
+    its own (the loader itself has no worker process: the reader's exchange is a collective).
+    `windows_per_step`: the global batch, where a mixture's phases start."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    from titanlite.data.mixture_dataset import MixtureWindowDataset
     from titanlite.data.shard_dataset import ShardWindowDataset
     from titanlite.data.text_dataset import PackedTextDataset
 
-    dataset: ShardWindowDataset | PackedTextDataset
-    if isinstance(source, ShardSet):
+    dataset: ShardWindowDataset | PackedTextDataset | MixtureWindowDataset
+    if isinstance(source, Mixture):
+        streams = [ShardWindowDataset(s, seq_len, 1, 0, 1, seed) for s in source.shards]
+        schedule = source.schedule(windows_per_step)
+        dataset = MixtureWindowDataset(
+            source.names,
+            streams,
+            schedule,
+            local_batch_size,
+            dp_rank,
+            dp_size,
+            allow_change=source.allow_change,
+        )
+    elif isinstance(source, ShardSet):
         dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
     else:
         dataset = PackedTextDataset(
@@ -111,6 +128,7 @@ __all__ = [
     "DatasetError",
     "PackedTextDataset",
     "ShardSet",
+    "Mixture",
     "ShardWindowDataset",
     "StatefulDataLoader",
     "Tokenizer",

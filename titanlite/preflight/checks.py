@@ -26,7 +26,7 @@ from titanlite.preflight.memory import unsharded_grads_warning
 if TYPE_CHECKING:  # the checks import torch lazily: `--help`-speed config errors
     from models import ModelArgs
     from parallelisms import ParallelDims
-    from titanlite.data import DataSource, Tokenizer
+    from titanlite.data import DataSource, Mixture, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Preflight:
     dims: ParallelDims
     model_args: ModelArgs
     tokenizer_path: Path
-    dataset: DataSource | None  # text files or prepared shards; None in a dry run
+    dataset: DataSource | Mixture | None  # text, prepared shards, a mixture; None in a dry run
     validation_dataset: DataSource | None  # the same for [validation]; None when it is off
     grad_accum_steps: int
 
@@ -61,7 +61,9 @@ def check(
     if tokenizer is not None:  # not a dry run: the files are here to check
         dataset, validation = open_datasets(job, tokenizer)
         check_output_paths(job)
-        check_windows(job, dataset, validation, tokenizer)
+        accum = grad_accum_steps(job, dims.dp_size)
+        global_batch = job.training.local_batch_size * dims.dp_size * accum
+        check_windows(job, dataset, validation, tokenizer, global_batch)
         check_checkpoint(job, args)
     check_profiling(job)
     return Preflight(

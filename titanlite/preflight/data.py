@@ -9,11 +9,14 @@ from titanlite.config.schema import JobConfig
 
 
 def open_datasets(job: JobConfig, tokenizer):
-    """The training and validation DataSource (validation None when it is off)."""
+    """The training DataSource (or Mixture) and the validation one (None when it is off)."""
     from titanlite.data import open_dataset, resolve_dataset_path
 
     t = job.training
-    dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
+    if job.data.sources:
+        dataset = open_mixture(job, tokenizer)
+    else:
+        dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
     validation = None
     if job.validation.enabled:
         assert job.validation.dataset_path is not None  # config.validate requires it
@@ -23,9 +26,41 @@ def open_datasets(job: JobConfig, tokenizer):
     return dataset, validation
 
 
-def check_windows(job: JobConfig, dataset, validation, tokenizer) -> None:
+def open_mixture(job: JobConfig, tokenizer):
+    """The [[data.sources]] as a Mixture: each source's prepared shards checked against the
+    tokenizer (so sources of different tokenizers, or with ids past the vocabulary, are each
+    one line naming the source)."""
+    from titanlite.data import DatasetError, ShardSet, open_dataset
+    from titanlite.data.mixture import Mixture
+
+    d = job.data
+    shards = []
+    for source in d.sources:
+        key = f"data.sources.{source.name}.path"
+        opened = open_dataset(Path(source.path), tokenizer, key)
+        if not isinstance(opened, ShardSet):
+            raise DatasetError(
+                f"{key} = {source.path!r} holds text; a mixture reads prepared shards (text "
+                "sources are not built yet): prepare it with python -m titanlite.data.prepare"
+            )
+        shards.append(opened)
+    names = [s.name for s in d.sources]
+    phases = [(1, [s.weight for s in d.sources])]
+    phases += [(p.start_step, [p.weights.get(n, 0.0) for n in names]) for p in d.phases]
+    repetition = [s.max_repetition for s in d.sources]
+    return Mixture(names, shards, phases, repetition, d.weight_unit, d.allow_mixture_change)
+
+
+def check_windows(job: JobConfig, dataset, validation, tokenizer, global_batch: int) -> None:
+    from titanlite.data.mixture import Mixture
+
     t = job.training
-    check_first_window(dataset, tokenizer, t.seq_len, t.dataset_text_field, "training")
+    if isinstance(dataset, Mixture):
+        for shards in dataset.shards:
+            check_first_window(shards, tokenizer, t.seq_len, t.dataset_text_field, "training")
+        dataset.check_finite(t.steps, global_batch, t.seq_len)
+    else:
+        check_first_window(dataset, tokenizer, t.seq_len, t.dataset_text_field, "training")
     if validation is not None:
         v = job.validation
         check_first_window(

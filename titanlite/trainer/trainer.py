@@ -41,7 +41,8 @@ from titanlite.config import loader as config_lib
 from titanlite.config.schema import JobConfig
 from titanlite.core import distributed
 from titanlite.core.logging import logger
-from titanlite.data import DatasetError, ShardSet, Tokenizer, build_dataloader
+from titanlite.data import DatasetError, Mixture, ShardSet, Tokenizer, build_dataloader
+from titanlite.data.mixture import describe as describe_mixture
 from titanlite.data.split_tokenize import exchange_group
 from titanlite.preflight import checks as preflight
 from titanlite.trainer import callbacks as cb
@@ -97,14 +98,19 @@ class Trainer:
             (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
         )
         tokenizer = Tokenizer(pre.tokenizer_path)
-        for source in (pre.dataset, pre.validation_dataset):
+        sources = [pre.dataset, pre.validation_dataset]
+        if isinstance(pre.dataset, Mixture):
+            sources += pre.dataset.shards
+        for source in sources:
             if isinstance(source, ShardSet):
                 self._verify_shards(source)
         assert pre.dataset is not None  # None only in a dry run
         # The ranks that read different sequences share tokenizing a text stream, on a gloo
         # group of their own per data-parallel group (the reader's thread exchanges on it).
         self.tokenize_group = (
-            None if isinstance(pre.dataset, ShardSet) else exchange_group(self.meshes.dp_groups())
+            None
+            if isinstance(pre.dataset, (ShardSet, Mixture))
+            else exchange_group(self.meshes.dp_groups())
         )
         self.dataloader = build_dataloader(
             pre.dataset,
@@ -116,7 +122,11 @@ class Trainer:
             seed=self.seed,
             text_field=t.dataset_text_field,
             tokenize_group=self.tokenize_group,
+            windows_per_step=t.local_batch_size * dp_size * pre.grad_accum_steps,
         )
+        if isinstance(pre.dataset, Mixture) and self.rank == 0:
+            per_step = t.local_batch_size * dp_size * pre.grad_accum_steps
+            logger.info(describe_mixture(pre.dataset.plan(t.steps, per_step, t.seq_len)))
         self.validation_data = None
         if v.enabled:
             assert pre.validation_dataset is not None
@@ -373,11 +383,19 @@ class Trainer:
             self.nonfinite.failing,
         )
         preemption = cb.PreemptionAgreement(stop, saver, job.checkpoint.enable_checkpoint, steps)
-        extra: Callable[[], dict] = dict
+        figures: list[Callable[[], dict]] = []
         if getattr(self.pre.model_args, "moe", None) is not None:
-            extra = partial(moe_figures, self.model, self.global_mean, self.metrics.pp_group)
+            figures.append(
+                partial(moe_figures, self.model, self.global_mean, self.metrics.pp_group)
+            )
+        if isinstance(self.pre.dataset, Mixture):
+            figures.append(self._tokens_per_source)
         metrics = cb.MetricsLogging(
-            self.metrics, self.global_mean, self.nonfinite, lambda: self.train_state.step, extra
+            self.metrics,
+            self.global_mean,
+            self.nonfinite,
+            lambda: self.train_state.step,
+            lambda: {k: v for figure in figures for k, v in figure().items()},
         )
         callbacks += [
             cb.HFInitialLoad(ckpt, self.model, self.pre.model_args),
@@ -390,6 +408,14 @@ class Trainer:
             metrics,
         ]
         return callbacks, preemption, metrics
+
+    def _tokens_per_source(self) -> dict[str, int]:
+        """Each mixture source's training tokens so far (cumulative, every rank's)."""
+        dataset = self.dataloader.dataset
+        windows = dataset.windows_per_source()
+        return {
+            f"tokens_{n}": w * self.job.training.seq_len for n, w in zip(dataset.names, windows)
+        }
 
     def train(self, stop: StopRequest | None = None) -> list[dict]:
         """The loop; `self.preempted` is the signal number that stopped it early, else 0.
