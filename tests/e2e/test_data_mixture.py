@@ -126,8 +126,11 @@ def test_a_changed_mixture_and_bad_sources_are_one_line(tmp_path, sources):
         cases[name] = (["--config", config], {})
     repeat = _config(tmp_path / "repeat.toml", sources, {"code": 1.0}, repeat=1.0)
     cases["repeat"] = (["--config", repeat, "--training.steps", "500"], {})
-    got = preflight_cases(cases, shell=("repeat",))
+    negative = _config(tmp_path / "negative.toml", sources, {"code": 1.0, "prose_a": -0.5})
+    cases["negative"] = (["--config", negative], {})
+    got = preflight_cases(cases, shell=("repeat", "negative"))
     for name in bad:
         expect_one_line(got[name], 2, "data.sources.x.path")
     expect_one_line(got["repeat"], 2, "data source 'code' would be read", "max_repetition = 1")
+    expect_one_line(got["negative"], 2, "[[data.sources]] #2 weight = -0.5: must be >= 0.0")
     assert not any("Traceback" in p.stderr for p in got.values())

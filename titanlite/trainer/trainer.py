@@ -112,6 +112,7 @@ class Trainer:
             if isinstance(pre.dataset, (ShardSet, Mixture))
             else exchange_group(self.meshes.dp_groups())
         )
+        per_step = t.local_batch_size * dp_size * pre.grad_accum_steps  # the global batch
         self.dataloader = build_dataloader(
             pre.dataset,
             tokenizer,
@@ -122,10 +123,9 @@ class Trainer:
             seed=self.seed,
             text_field=t.dataset_text_field,
             tokenize_group=self.tokenize_group,
-            windows_per_step=t.local_batch_size * dp_size * pre.grad_accum_steps,
+            windows_per_step=per_step,
         )
         if isinstance(pre.dataset, Mixture) and self.rank == 0:
-            per_step = t.local_batch_size * dp_size * pre.grad_accum_steps
             logger.info(describe_mixture(pre.dataset.plan(t.steps, per_step, t.seq_len)))
         self.validation_data = None
         if v.enabled:
