@@ -45,7 +45,8 @@ LAYOUTS = {
     "tp2": (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
     "fsdp2_tp2": (4, FSDP2_TP2),
     "cp2": (2, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
-    # Expert parallel (an MoE model): experts over 4 ranks, over 2 of 4 (FSDP 2 each), none.
+    # Expert parallel (an MoE model): experts over 2 ranks, 4 ranks, 2 of 4 (FSDP 2 each), none.
+    "ep2": (2, ["--training.local_batch_size", "4", "--parallelism.expert_parallel_degree", "2"]),
     "ep4": (4, ["--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "4"]),
     "ep2_fsdp4": (
         4,

@@ -80,9 +80,9 @@ SAVES = {
     # Qwen3 MoE: the expert bias, a buffer, is in the checkpoint beside the weights.
     "moe_one": ("one", 6, 3, QWEN3_MOE_BIAS),
     "moe_fsdp2": ("fsdp2", 6, 3, QWEN3_MOE_BIAS),
-    # Expert parallel: the experts split over 4 ranks in the checkpoint; its last save is also
+    # Expert parallel: the experts split over 2 ranks in the checkpoint; its last save is also
     # exported to Hugging Face by the ranks.
-    "moe_ep4": ("ep4", 6, 3, (*QWEN3_MOE_BIAS, "--checkpoint.last_save_in_hf")),
+    "moe_ep2": ("ep2", 6, 3, (*QWEN3_MOE_BIAS, "--checkpoint.last_save_in_hf")),
 }
 SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
@@ -106,10 +106,13 @@ RESUMES = {
     "moe_resumed_fsdp2": ("moe_fsdp2", 3, "fsdp2", 6, 3),
     "moe_fsdp2_to_one": ("moe_fsdp2", 3, "one", 6, 3),
     "moe_one_to_2x2": ("moe_one", 3, "fsdp2_tp2", 6, 3),
-    "moe_resumed_ep4": ("moe_ep4", 3, "ep4", 6, 3),
-    "moe_ep4_to_ep2_fsdp4": ("moe_ep4", 3, "ep2_fsdp4", 6, 3),
-    "moe_ep4_to_fsdp4": ("moe_ep4", 3, "fsdp4", 6, 3),
-    "moe_ep4_to_one": ("moe_ep4", 3, "one", 6, 3),
+    # Saved on EP 2, in the 2-process phase: its 4-process resumes join the other 4-process
+    # runs (one process group fewer than a save on 4 ranks would need).
+    "moe_resumed_ep2": ("moe_ep2", 3, "ep2", 6, 3),
+    "moe_ep2_to_ep4": ("moe_ep2", 3, "ep4", 6, 3),
+    "moe_ep2_to_ep2_fsdp4": ("moe_ep2", 3, "ep2_fsdp4", 6, 3),
+    "moe_ep2_to_fsdp2": ("moe_ep2", 3, "fsdp2", 6, 3),
+    "moe_ep2_to_one": ("moe_ep2", 3, "one", 6, 3),
 }
 
 
@@ -210,11 +213,11 @@ def _expert_biases(folder: Path, step: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_hf_export_of_an_expert_parallel_run_equals_the_one_process_conversion(runs, tmp_path):
-    """The EP 4 run's ranks exported its last step to Hugging Face; one process converting the
+    """The EP 2 run's ranks exported its last step to Hugging Face; one process converting the
     same checkpoint (scripts/convert_checkpoint.py dcp-to-hf) writes the same tensors."""
     from safetensors.torch import load_file
 
-    folder = _folder(runs, "moe_ep4") / "checkpoint"
+    folder = _folder(runs, "moe_ep2") / "checkpoint"
     converted = tmp_path / "hf"
     subprocess.run(
         [
