@@ -19,7 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from titanlite.config import mixture_tables as mixture
+from titanlite.config import mixture_tables as tables
 from titanlite.config.errors import ConfigError
 from titanlite.config.schema import (
     FIXED_KEYS,
@@ -157,11 +157,12 @@ def _set(cfg: JobConfig, section: str, key: str, raw: Any, origin: str, from_cli
         raise ConfigError(f"{origin}: unknown section [{section}]{_closest(section, options)}")
     sec = getattr(cfg, section)
     fields = {f.name: f for f in dataclasses.fields(sec)}
-    if section == "data" and key in ("sources", "phases"):
-        setattr(sec, key, mixture.read_tables(raw, key, origin, _checked_value))
+    if (section, key) in tables.RECORDS:
+        setattr(sec, key, tables.read_tables(raw, section, key, origin, _checked_value))
         return
-    if section == "data" and key.startswith("sources."):  # --data.sources.<name>.<field>
-        mixture.set_source_field(sec.sources, key, raw, origin, _checked_value)
+    if (section, "sources") in tables.RECORDS and key.startswith("sources."):
+        # --data.sources.<name>.<field>, --validation.sources.<name>.<field>
+        tables.set_source_field(section, sec.sources, key, raw, origin, _checked_value)
         return
     if key not in fields:
         raise ConfigError(f"{origin}: unknown key '{key}' in [{section}]{_closest(key, fields)}")
@@ -383,7 +384,7 @@ def validate(cfg: JobConfig) -> None:
         _check_validation,
     ):
         check(cfg)
-    mixture.check_data(cfg.data, cfg.training.steps, cfg.training.dataset_path)
+    tables.check_data(cfg.data, cfg.training.steps, cfg.training.dataset_path)
     p = cfg.parallelism
     if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
         raise ConfigError(
@@ -441,10 +442,11 @@ def _check_float8(cfg: JobConfig) -> None:
 
 def _check_validation(cfg: JobConfig) -> None:
     v, t = cfg.validation, cfg.training
-    if v.enabled and not v.dataset_path:
+    tables.check_validation_sources(v)
+    if v.enabled and not (v.dataset_path or v.sources):
         raise ConfigError(
             "[validation] enabled = true needs validation.dataset_path (held-out text or prepared "
-            "shards)"
+            "shards) or [[validation.sources]]"
         )
     if v.seq_len is not None and v.seq_len > t.seq_len:
         raise ConfigError(
@@ -466,12 +468,12 @@ def to_toml(cfg: JobConfig) -> str:
     lines: list[str] = []
     for section, body in to_dict(cfg).items():
         lines.append(f"[{section}]")
-        tables = {k: v for k, v in body.items() if _is_table_array(v)}
+        arrays = {k: v for k, v in body.items() if _is_table_array(v)}
         for key, value in body.items():
-            if value is not None and key not in tables:
+            if value is not None and key not in arrays:
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
-        for key, records in tables.items():  # [[section.key]] after the section's own keys
+        for key, records in arrays.items():  # [[section.key]] after the section's own keys
             for record in records:
                 lines.append(f"[[{section}.{key}]]")
                 lines += [f"{k} = {_toml_value(v)}" for k, v in record.items()]

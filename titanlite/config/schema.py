@@ -355,6 +355,14 @@ class Float8:
 
 
 @dataclass
+class ValidationSource:
+    """One `[[validation.sources]]` table: a held-out set with a loss of its own."""
+
+    name: str = opt("", "the set's name (in metrics: val_loss_<name>)")
+    path: str = opt("", "held-out text or prepared shards, as validation.dataset_path takes")
+
+
+@dataclass
 class Validation:
     enabled: bool = opt(False, "compute a validation loss on held-out data during training")
     dataset_path: str | None = opt(
@@ -366,6 +374,11 @@ class Validation:
     seq_len: int | None = opt(None, "tokens per sequence; None = training's", min=1)
     freq: int = opt(100, "steps between validations (and after the last step)", min=1)
     steps: int = opt(-1, "batches per validation; -1 = every whole global batch of the data")
+    sources: list[ValidationSource] = opt(
+        [],
+        "named held-out sets ([[validation.sources]]), each with its loss val_loss_<name>; "
+        "none: dataset_path alone",
+    )
 
 
 @dataclass

@@ -3,12 +3,14 @@
 A dataset path holds either text (.txt/.py/.jsonl/.parquet, tokenized on the fly by
 PackedTextDataset) or prepared shards (a manifest.json written by `titanlite.data.prepare`, read
 through memory maps by ShardWindowDataset); `open_dataset` tells them apart by what is there.
+A mixture's sources are either, each (MixtureWindowDataset).
 """
 
 from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_DATASETS = {"titanlite_corpus": ASSETS / "corpus"}
 
 # What a dataset path resolves to: text files, or prepared shards. (Training may instead read a
-# Mixture of prepared sources, [[data.sources]].)
+# Mixture of such sources, [[data.sources]].)
 DataSource = list[Path] | ShardSet
 
 
@@ -77,11 +79,14 @@ def build_dataloader(
     tokenize_group: Any = None,
     prefetch: bool = True,
     windows_per_step: int = 0,
+    tokenize_groups: Sequence[Any] = (),
 ) -> Any:
     """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank.
     `tokenize_group`: the process group that shares tokenizing a text stream (PackedTextDataset);
-    prepared shards need none. `prefetch`: the text reader reads and tokenizes on a thread of
-    its own (the loader itself has no worker process: the reader's exchange is a collective).
+    prepared shards need none. `tokenize_groups`: one such group per text stream, in order (a
+    text dataset's one, or each text source's of a Mixture; `Mixture.text_sources`); missing
+    ones tokenize alone. `prefetch`: the text reader reads and tokenizes on a thread of its own
+    (the loader itself has no worker process: the reader's exchange is a collective).
     `windows_per_step`: the global batch, where a mixture's phases start."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -89,18 +94,19 @@ def build_dataloader(
     from titanlite.data.shard_dataset import ShardWindowDataset
     from titanlite.data.text_dataset import PackedTextDataset
 
+    groups = list(tokenize_groups) or [tokenize_group]
     dataset: ShardWindowDataset | PackedTextDataset | MixtureWindowDataset
     if isinstance(source, Mixture):
-        streams = [ShardWindowDataset(s, seq_len, 1, 0, 1, seed) for s in source.shards]
-        schedule = source.schedule(windows_per_step)
+        streams = _mixture_streams(source, tokenizer, seq_len, seed, text_field, groups, prefetch)
         dataset = MixtureWindowDataset(
             source.names,
             streams,
-            schedule,
+            source.schedule(windows_per_step),
             local_batch_size,
             dp_rank,
             dp_size,
-            allow_change=source.allow_change,
+            source.allow_change,
+            windows_per_step,
         )
     elif isinstance(source, ShardSet):
         dataset = ShardWindowDataset(source, seq_len, local_batch_size, dp_rank, dp_size, seed)
@@ -114,12 +120,44 @@ def build_dataloader(
             dp_size,
             seed,
             text_field,
-            tokenize_group,
+            _nth(groups, 0),
             prefetch,
         )
     # torchdata 0.11 calls a torch API that torch now flags as deprecated: noise for users.
     warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")
     return StatefulDataLoader(dataset, batch_size=local_batch_size, num_workers=0)
+
+
+def _mixture_streams(
+    mixture: Mixture,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    seed: int,
+    text_field: str,
+    groups: Sequence[Any],
+    prefetch: bool,
+) -> list[Any]:
+    """Each source's windows on one rank: all of a prepared source's (any at once), a text
+    source's stream (in order), tokenized with the others of `groups[its index among the text
+    sources]`."""
+    from titanlite.data.mixture_text import TextWindows
+    from titanlite.data.shard_dataset import ShardWindowDataset
+
+    streams: list[Any] = []
+    for s, (name, data) in enumerate(zip(mixture.names, mixture.sources)):
+        if isinstance(data, ShardSet):
+            streams.append(ShardWindowDataset(data, seq_len, 1, 0, 1, seed))
+            continue
+        group = _nth(groups, mixture.text_sources.index(s))
+        limit = mixture.max_repetition[s]
+        streams.append(
+            TextWindows(name, data, tokenizer, seq_len, seed, text_field, group, prefetch, limit)
+        )
+    return streams
+
+
+def _nth(groups: Sequence[Any], i: int) -> Any:
+    return groups[i] if i < len(groups) else None
 
 
 __all__ = [

@@ -54,6 +54,9 @@ class Refill:
     record_idx: int
     skipped: int
     examples: tuple[str, ...]
+    # Where in `ids` an epoch began (the stream wrapped inside this refill): what a mixture's
+    # text source measures its epochs by (titanlite/data/mixture_text.py).
+    epoch_starts: tuple[int, ...] = ()
 
 
 class DocumentReader:
@@ -80,6 +83,7 @@ class DocumentReader:
 
     def next_refill(self) -> Refill:
         texts: list[str] = []
+        wraps: list[int] = []  # len(texts) at each new epoch
         size = 0
         while size < self.fill_chars:
             from_start = (self.file_idx, self.record_idx) == (0, 0)
@@ -100,14 +104,32 @@ class DocumentReader:
                         f"({self.skipped.count} malformed records)"
                     )
                 self.epoch, self.file_idx, self.record_idx = self.epoch + 1, 0, 0
+                wraps.append(len(texts))
+        ids, epoch_starts = self._encode(texts, wraps)
         return Refill(
-            self.encoder.encode(texts),
+            ids,
             self.epoch,
             self.file_idx,
             self.record_idx,
             self.skipped.count,
             tuple(self.skipped.examples),
+            epoch_starts,
         )
+
+    def _encode(self, texts: list[str], wraps: list[int]) -> tuple[list[int], tuple[int, ...]]:
+        """The ids of `texts`, and where in them each epoch began: the texts of each epoch are
+        encoded apart (ids are per document, so the stream is the same; on a group, one more
+        exchange where the stream wraps, the same on every rank)."""
+        if not wraps:
+            return self.encoder.encode(texts), ()
+        ids: list[int] = []
+        starts = []
+        for i, (begin, end) in enumerate(zip([0, *wraps], [*wraps, len(texts)])):
+            if i:
+                starts.append(len(ids))
+            if end > begin:
+                ids.extend(self.encoder.encode(texts[begin:end]))
+        return ids, tuple(starts)
 
 
 def epoch_files(files: list[Path], seed: int, epoch: int) -> list[Path]:
@@ -149,6 +171,9 @@ class PackedTextDataset(IterableDataset):
         self.epoch, self.file_idx, self.record_idx = 0, 0, 0
         self.buffer: list[int] = []
         self.window_idx = 0
+        # Tokens per epoch, once the stream has wrapped (None before): not in this reader's
+        # state, a mixture's text source keeps it to enforce its max_repetition.
+        self.epoch_tokens: int | None = None
         self.split = RankSplit(local_batch_size, dp_rank, dp_size)
         self.prefetch = prefetch
         self._reader: DocumentReader | None = None
@@ -179,6 +204,11 @@ class PackedTextDataset(IterableDataset):
 
     def _fill(self) -> None:
         refill = self._next_refill()
+        if refill.epoch_starts:
+            # Every epoch holds the same tokens (each document is tokenized on its own), so
+            # where epoch e begins in the stream is e epochs' worth.
+            begins = self.window_idx * (self.seq_len + 1) + len(self.buffer)
+            self.epoch_tokens = (begins + refill.epoch_starts[-1]) // refill.epoch
         self.buffer.extend(refill.ids)
         self.epoch, self.file_idx, self.record_idx = (
             refill.epoch,
@@ -200,7 +230,16 @@ class PackedTextDataset(IterableDataset):
     def reader_thread(self) -> threading.Thread | None:
         return self._prefetcher.thread if self._prefetcher is not None else None
 
-    def _cut_window(self) -> list[int]:
+    def read_through(self, windows: int) -> None:
+        """Read until the stream's first `windows` windows are cut or in the buffer (a mixture's
+        text source reads a micro-batch's worth at its start: titanlite/data/mixture_text.py)."""
+        n = self.seq_len + 1
+        while self.window_idx * n + len(self.buffer) < windows * n:
+            self._fill()
+
+    def cut_window(self) -> list[int]:
+        """The next window of the global stream, whichever rank reads it (a mixture's text
+        source cuts its own: titanlite/data/mixture_text.py)."""
         n = self.seq_len + 1
         while len(self.buffer) < n:
             self._fill()
@@ -213,14 +252,14 @@ class PackedTextDataset(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
             pos = self.window_idx
-            window = self._cut_window()
+            window = self.cut_window()
             if not self.split.owns(pos):
                 continue
             if self.split.ends_share(pos):
                 # The rest of this micro-batch belongs to other ranks: step past it before
                 # yielding, so that between steps every rank's state is the same.
                 while self.window_idx < self.split.chunk_end(pos):
-                    self._cut_window()
+                    self.cut_window()
             t = torch.tensor(window, dtype=torch.long)
             yield t[:-1], t[1:]
 

@@ -29,6 +29,7 @@ from titanlite.core.errors import report
 from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
 from titanlite.planning.expert_parallel import AllToAllPlan, all_to_all_plan
 from titanlite.planning.headroom import communicators, headroom
+from titanlite.planning.mixture_plan import mixture_plan
 from titanlite.preflight.memory import keeps_unsharded_grads, warning_line
 
 if TYPE_CHECKING:
@@ -589,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
     if stages:
         print(stage_table(stages))
+    windows = job.training.local_batch_size * result.dp_size * result.grad_accum_steps
+    mixture = mixture_plan(job, windows)
+    if mixture:
+        print(mixture)
     return 0
 
 

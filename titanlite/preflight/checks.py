@@ -37,7 +37,8 @@ class Preflight:
     model_args: ModelArgs
     tokenizer_path: Path
     dataset: DataSource | Mixture | None  # text, prepared shards, a mixture; None in a dry run
-    validation_dataset: DataSource | None  # the same for [validation]; None when it is off
+    # The held-out sets by name ("": validation.dataset_path); empty when validation is off.
+    validation_datasets: dict[str, DataSource]
     grad_accum_steps: int
 
 
@@ -57,7 +58,7 @@ def check(
     dims = check_parallelism(job, world_size, args, target)
     check_devices(job, dims, target, planning=device is not None)
     check_seed_checkpoint(job, world_size)
-    dataset = validation = None
+    dataset, validation = None, {}
     if tokenizer is not None:  # not a dry run: the files are here to check
         dataset, validation = open_datasets(job, tokenizer)
         check_output_paths(job)

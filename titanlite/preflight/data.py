@@ -9,7 +9,8 @@ from titanlite.config.schema import JobConfig
 
 
 def open_datasets(job: JobConfig, tokenizer):
-    """The training DataSource (or Mixture) and the validation one (None when it is off)."""
+    """The training DataSource (or Mixture) and the held-out ones by name ("" for
+    validation.dataset_path; none when validation is off)."""
     from titanlite.data import open_dataset, resolve_dataset_path
 
     t = job.training
@@ -17,55 +18,66 @@ def open_datasets(job: JobConfig, tokenizer):
         dataset = open_mixture(job, tokenizer)
     else:
         dataset = open_dataset(resolve_dataset_path(t.dataset, t.dataset_path), tokenizer)
-    validation = None
+    validation = {}
     if job.validation.enabled:
-        assert job.validation.dataset_path is not None  # config.validate requires it
-        validation = open_dataset(
-            Path(job.validation.dataset_path), tokenizer, "validation.dataset_path"
-        )
+        for name, path, key in validation_paths(job):
+            validation[name] = open_dataset(Path(path), tokenizer, key)
     return dataset, validation
 
 
+def validation_paths(job: JobConfig) -> list[tuple[str, str, str]]:
+    """(name, path, config key) of each held-out set: validation.dataset_path as "", or the
+    [[validation.sources]] by their names."""
+    v = job.validation
+    if v.sources:
+        return [(s.name, s.path, f"validation.sources.{s.name}.path") for s in v.sources]
+    assert v.dataset_path is not None  # config.validate requires one of them
+    return [("", v.dataset_path, "validation.dataset_path")]
+
+
 def open_mixture(job: JobConfig, tokenizer):
-    """The [[data.sources]] as a Mixture: each source's prepared shards checked against the
-    tokenizer (so sources of different tokenizers, or with ids past the vocabulary, are each
-    one line naming the source)."""
-    from titanlite.data import DatasetError, ShardSet, open_dataset
+    """The [[data.sources]] as a Mixture: each source opened as training.dataset_path is, its
+    text files listed or its prepared shards checked against the tokenizer (so sources of
+    different tokenizers, or with ids past the vocabulary, are each one line naming the
+    source)."""
+    from titanlite.data import open_dataset
+
+    opened = [
+        open_dataset(Path(s.path), tokenizer, f"data.sources.{s.name}.path")
+        for s in job.data.sources
+    ]
+    return mixture_of(job, opened)
+
+
+def mixture_of(job: JobConfig, opened: list):
+    """The Mixture of the [[data.sources]] (and [[data.phases]]), given each source's data."""
     from titanlite.data.mixture import Mixture
 
     d = job.data
-    shards = []
-    for source in d.sources:
-        key = f"data.sources.{source.name}.path"
-        opened = open_dataset(Path(source.path), tokenizer, key)
-        if not isinstance(opened, ShardSet):
-            raise DatasetError(
-                f"{key} = {source.path!r} holds text; a mixture reads prepared shards (text "
-                "sources are not built yet): prepare it with python -m titanlite.data.prepare"
-            )
-        shards.append(opened)
     names = [s.name for s in d.sources]
     phases = [(1, [s.weight for s in d.sources])]
     phases += [(p.start_step, [p.weights.get(n, 0.0) for n in names]) for p in d.phases]
     repetition = [s.max_repetition for s in d.sources]
-    return Mixture(names, shards, phases, repetition, d.weight_unit, d.allow_mixture_change)
+    return Mixture(names, opened, phases, repetition, d.weight_unit, d.allow_mixture_change)
 
 
 def check_windows(job: JobConfig, dataset, validation, tokenizer, global_batch: int) -> None:
+    from titanlite.data import ShardSet
     from titanlite.data.mixture import Mixture
 
     t = job.training
     if isinstance(dataset, Mixture):
-        for shards in dataset.shards:
-            check_first_window(shards, tokenizer, t.seq_len, t.dataset_text_field, "training")
+        for name, data in zip(dataset.names, dataset.sources):
+            # (Prepared shards' errors name their source's key themselves.)
+            what = "training" if isinstance(data, ShardSet) else f"data.sources.{name}.path's"
+            check_first_window(data, tokenizer, t.seq_len, t.dataset_text_field, what)
         dataset.check_finite(t.steps, global_batch, t.seq_len)
     else:
         check_first_window(dataset, tokenizer, t.seq_len, t.dataset_text_field, "training")
-    if validation is not None:
-        v = job.validation
-        check_first_window(
-            validation, tokenizer, v.seq_len or t.seq_len, t.dataset_text_field, "validation"
-        )
+    v = job.validation
+    for name, source in validation.items():
+        what = f"validation set {name!r}" if name else "validation"
+        check_first_window(source, tokenizer, v.seq_len or t.seq_len, t.dataset_text_field, what)
 
 
 def check_first_window(source, tokenizer, seq_len: int, text_field: str, what: str) -> None:

@@ -45,6 +45,7 @@ from titanlite.data import DatasetError, Mixture, ShardSet, Tokenizer, build_dat
 from titanlite.data.mixture import describe as describe_mixture
 from titanlite.data.split_tokenize import exchange_group
 from titanlite.preflight import checks as preflight
+from titanlite.preflight.data import validation_paths
 from titanlite.trainer import callbacks as cb
 from titanlite.trainer.callbacks.metrics import moe_figures
 from titanlite.trainer.pipeline_step import PipelineStep
@@ -98,20 +99,22 @@ class Trainer:
             (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
         )
         tokenizer = Tokenizer(pre.tokenizer_path)
-        sources = [pre.dataset, pre.validation_dataset]
+        sources = [pre.dataset, *pre.validation_datasets.values()]
         if isinstance(pre.dataset, Mixture):
             sources += pre.dataset.shards
         for source in sources:
             if isinstance(source, ShardSet):
                 self._verify_shards(source)
         assert pre.dataset is not None  # None only in a dry run
-        # The ranks that read different sequences share tokenizing a text stream, on a gloo
-        # group of their own per data-parallel group (the reader's thread exchanges on it).
-        self.tokenize_group = (
-            None
-            if isinstance(pre.dataset, (ShardSet, Mixture))
-            else exchange_group(self.meshes.dp_groups())
+        # The ranks that read different sequences share tokenizing each text stream (the
+        # dataset, or each text source of a mixture), on a gloo group of their own per
+        # data-parallel group and stream: a stream's reader thread exchanges on it at any time.
+        streams = (
+            len(pre.dataset.text_sources)
+            if isinstance(pre.dataset, Mixture)
+            else int(not isinstance(pre.dataset, ShardSet))
         )
+        self.tokenize_groups = [exchange_group(self.meshes.dp_groups()) for _ in range(streams)]
         per_step = t.local_batch_size * dp_size * pre.grad_accum_steps  # the global batch
         self.dataloader = build_dataloader(
             pre.dataset,
@@ -122,16 +125,14 @@ class Trainer:
             dp_size=dp_size,
             seed=self.seed,
             text_field=t.dataset_text_field,
-            tokenize_group=self.tokenize_group,
+            tokenize_groups=self.tokenize_groups,
             windows_per_step=per_step,
         )
         if isinstance(pre.dataset, Mixture) and self.rank == 0:
             logger.info(describe_mixture(pre.dataset.plan(t.steps, per_step, t.seq_len)))
-        self.validation_data = None
-        if v.enabled:
-            assert pre.validation_dataset is not None
-            self.validation_data = ValidationData(
-                pre.validation_dataset,
+        self.validation_data = {
+            name: ValidationData(
+                pre.validation_datasets[name],
                 tokenizer,
                 v.seq_len or t.seq_len,
                 v.local_batch_size or t.local_batch_size,
@@ -139,7 +140,10 @@ class Trainer:
                 dp_size,
                 v.steps,
                 t.dataset_text_field,
+                key,
             )
+            for name, _, key in (validation_paths(self.job) if v.enabled else [])
+        }
 
     def _build_model(self) -> None:
         job, pre, t = self.job, self.pre, self.job.training
@@ -190,7 +194,7 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(t.skip_nonfinite_steps)
         self.train_step = self._build_train_step(built, amp)
         self.validator = None
-        if self.validation_data is not None:
+        if self.validation_data:
             self.validator = Validator(
                 job.validation,
                 self.validation_data,
@@ -357,8 +361,9 @@ class Trainer:
         """Mean over those ranks (gloo has no AVG: sum, then divide)."""
         return (self.global_sum(value) / self.dims.loss_ranks).item()
 
-    def validate(self, step: int) -> float | None:
-        """The validation loss when it is due at `step` (its time is kept out of tps)."""
+    def validate(self, step: int) -> dict[str, float] | None:
+        """The validation losses when they are due at `step` (their time is kept out of tps):
+        val_loss, and val_loss_<name> for each named held-out set."""
         if self.validator is None or not self.validator.due(step, self.job.training.steps):
             return None
         with self.clock.span("validation"):
@@ -409,12 +414,16 @@ class Trainer:
         ]
         return callbacks, preemption, metrics
 
-    def _tokens_per_source(self) -> dict[str, int]:
-        """Each mixture source's training tokens so far (cumulative, every rank's)."""
+    def _tokens_per_source(self) -> dict:
+        """Each mixture source's training tokens so far (cumulative, every rank's), and its
+        achieved share of them."""
         dataset = self.dataloader.dataset
         windows = dataset.windows_per_source()
+        total = max(sum(windows), 1)
+        seq_len = self.job.training.seq_len
         return {
-            f"tokens_{n}": w * self.job.training.seq_len for n, w in zip(dataset.names, windows)
+            **{f"tokens_{n}": w * seq_len for n, w in zip(dataset.names, windows)},
+            "data_share": {n: w / total for n, w in zip(dataset.names, windows)},
         }
 
     def train(self, stop: StopRequest | None = None) -> list[dict]:
@@ -468,8 +477,9 @@ class Trainer:
         close_reader = getattr(self.dataloader.dataset, "close", None)
         if close_reader is not None:
             close_reader()
-        if self.tokenize_group is not None and not self.owns_process_group:
-            dist.destroy_process_group(self.tokenize_group)
+        for group in self.tokenize_groups:
+            if group is not None and not self.owns_process_group:
+                dist.destroy_process_group(group)
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
 

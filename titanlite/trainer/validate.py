@@ -4,8 +4,13 @@ Every rank sees the same held-out window stream, unshuffled (the text files in s
 the prepared shards in manifest order), and reads its part of each global batch by the training
 rule (`RankSplit`). The result is the mean over every counted target of every batch on every
 data-parallel rank (as in training, the targets after an EOS are not counted under
-block_causal), so it is the same number under every parallel layout with the same global batch. Text is tokenized once, at start, and kept in memory (held-out sets are
-small; prepare a large one as shards, which are memory-mapped).
+block_causal), so it is the same number under every parallel layout with the same global batch.
+Text is tokenized once, at start, and kept in memory (held-out sets are small; prepare a large
+one as shards, which are memory-mapped).
+
+Named held-out sets ([[validation.sources]]) each give their own loss, val_loss_<name>, and
+val_loss is then the loss over all of their counted targets together (so a large set weighs
+more than a small one, as one set made of both would).
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ class ValidationData:
         dp_size: int,
         steps: int,
         text_field: str = "text",
+        key: str = "validation.dataset_path",
     ):
+        """`key`: the config key of the set's path, which its errors name."""
         n = seq_len + 1
         if isinstance(source, ShardSet):
             windows = source.num_windows(seq_len)
@@ -60,13 +67,13 @@ class ValidationData:
         available = windows // self.split.chunk
         if available == 0:
             raise DatasetError(
-                f"validation.dataset_path holds {windows} windows of seq_len + 1 = {n} tokens, fewer "
+                f"{key} holds {windows} windows of seq_len + 1 = {n} tokens, fewer "
                 f"than one global batch ({self.split.chunk}); give it more data or lower "
                 "validation.local_batch_size"
             )
         if steps > available:
             logger.warning(
-                f"validation.steps = {steps}, but the held-out data holds only "
+                f"validation.steps = {steps}, but {key} holds only "
                 f"{available} global batches: validating on {available}"
             )
         self.steps = available if steps == -1 else min(steps, available)
@@ -86,7 +93,7 @@ class Validator:
     def __init__(
         self,
         cfg: Validation,
-        data: ValidationData,
+        data: dict[str, ValidationData],
         model: nn.Module,
         loss_fn: Callable,
         device: torch.device,
@@ -97,7 +104,8 @@ class Validator:
         forward_loss: Callable[..., torch.Tensor] | None = None,
         sequence_shards: SequenceShards | None = None,
     ):
-        """`loss_fn` sums over the counted targets; `boundary_bos_id`, when given, is the BOS
+        """`data`: the held-out sets by name ("": the one validation.dataset_path names).
+        `loss_fn` sums over the counted targets; `boundary_bos_id`, when given, is the BOS
         whose targets are not counted (block_causal). `forward_loss(inputs, labels, tokens)`,
         when given, replaces `loss_fn(model(inputs, tokens=tokens), labels)` (pipeline
         parallel: the schedule runs the forward, and every stage gets the loss sum).
@@ -118,10 +126,22 @@ class Validator:
         return step % self.cfg.freq == 0 or step == total_steps
 
     @torch.no_grad()
-    def run(self) -> float:
-        # [loss sum, counted targets]: one all-reduce for both.
+    def run(self) -> dict[str, float]:
+        """val_loss, and val_loss_<name> for each named set; every rank gets the same."""
+        # [loss sum, counted targets] per set: one all-reduce for all of them.
+        totals = torch.stack([self._sums(data) for data in self.data.values()])
+        sums = self.global_sum(totals).tolist()
+        losses = {
+            f"val_loss_{name}": loss / max(counted, 1)
+            for name, (loss, counted) in zip(self.data, sums)
+            if name
+        }
+        loss_sum, counted = (sum(column) for column in zip(*sums))
+        return {"val_loss": loss_sum / max(counted, 1), **losses}
+
+    def _sums(self, data: ValidationData) -> torch.Tensor:
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for inputs, labels in self.data.batches():
+        for inputs, labels in data.batches():
             if self.boundary_bos_id is not None:
                 labels = ignore_boundary_targets(labels, self.boundary_bos_id)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
@@ -129,5 +149,4 @@ class Validator:
             with loss_context(self.loss_parallel), self.amp:
                 total[0] += self.forward_loss(inputs, labels, tokens)
             total[1] += (labels != IGNORE_INDEX).sum()
-        loss_sum, counted = self.global_sum(total).tolist()
-        return loss_sum / max(counted, 1)
+        return total

@@ -1,6 +1,6 @@
 """The data mixture's config: [[data.sources]] and [[data.phases]] read into records, the
 command line's per-source override, the round trip through the run's config.toml, and each
-mistake as one line."""
+mistake as one line; the same for the named held-out sets, [[validation.sources]]."""
 
 import pytest
 
@@ -80,3 +80,41 @@ def test_phases_out_of_order_are_refused(tmp_path):
     text = MIXTURE + "[[data.phases]]\nstart_step = 5000\nweights = { web = 1.0 }\n"
     with pytest.raises(ConfigError, match="increasing order"):
         _load(tmp_path, text)
+
+
+VALIDATION = """
+[validation]
+enabled = true
+[[validation.sources]]
+name = "web"
+path = "/held_out/web"
+[[validation.sources]]
+name = "code"
+path = "/held_out/code"
+"""
+
+
+def test_named_validation_sets_load_round_trip_and_take_a_cli_path(tmp_path):
+    cfg = _load(tmp_path, VALIDATION, "--validation.sources.code.path", "/elsewhere")
+    assert [(s.name, s.path) for s in cfg.validation.sources] == [
+        ("web", "/held_out/web"),
+        ("code", "/elsewhere"),
+    ]
+    again = _load(tmp_path, config.to_toml(cfg))
+    assert again.validation == cfg.validation
+
+
+@pytest.mark.parametrize(
+    "text, argv, message",
+    [
+        (VALIDATION, ["--validation.dataset_path", "/x"], "validation.dataset_path and [["),
+        (VALIDATION.replace('"code"', '"web"'), [], "two sources are named 'web'"),
+        (VALIDATION.replace('path = "/held_out/code"', ""), [], "'code' has no path"),
+        (VALIDATION, ["--validation.sources.nope.path", "/x"], "no source named 'nope'"),
+        ("[validation]\nenabled = true\n", [], "or [[validation.sources]]"),
+    ],
+)
+def test_each_validation_set_mistake_is_one_line(tmp_path, text, argv, message):
+    with pytest.raises(ConfigError, match=None) as e:
+        _load(tmp_path, text, *argv)
+    assert message in str(e.value) and "\n" not in str(e.value)

@@ -105,7 +105,15 @@ TB_TAGS = {
     "moe_imbalance_max": "moe/imbalance_max",
 }
 # metrics.jsonl key of a {name: value} figure -> the TensorBoard tag its names go under.
-TB_GROUPS = {"moe_imbalance": "moe/imbalance"}
+TB_GROUPS = {"moe_imbalance": "moe/imbalance", "data_share": "data/share"}
+# metrics.jsonl key prefix of a family of figures (<prefix><name>) -> their TensorBoard tag.
+TB_PREFIXES = {"val_loss_": "loss/validation", "tokens_": "data/tokens"}
+
+
+def _named_losses(record: dict[str, Any]) -> str:
+    """(web 2.1234, code 1.9876): each named held-out set's loss, for the console."""
+    named = {k[len("val_loss_") :]: v for k, v in record.items() if k.startswith("val_loss_")}
+    return f" ({', '.join(f'{n} {v:.4f}' for n, v in named.items())})" if named else ""
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -216,7 +224,7 @@ class MetricsLogger:
         loss: float,
         grad_norm: float,
         lr: float,
-        val_loss: float | None = None,
+        validation: dict[str, float] | None = None,
         skipped_steps: int = 0,
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
@@ -241,8 +249,7 @@ class MetricsLogger:
             "elapsed_s": now - self.start,
             "skipped_steps": skipped_steps,  # non-finite updates skipped so far (this launch)
         }
-        if val_loss is not None:  # only on the steps that validated
-            record["val_loss"] = val_loss
+        record.update(validation or {})  # only on the steps that validated
         record.update(extra or {})
         if self.pp_group is not None:
             # Pipeline stages hold different layers, activations and micro-batches in flight:
@@ -277,6 +284,7 @@ class MetricsLogger:
             )
             + f"data {r['data_loading_pct']:.1f}%  eta {eta_text(eta)}"
             + (f"  val_loss {r['val_loss']:.4f}" if "val_loss" in r else "")
+            + _named_losses(r)
             + (f"  moe imbalance {r['moe_imbalance_max']:.2f}" if "moe_imbalance_max" in r else "")
         )
         if self.jsonl is not None:
@@ -287,6 +295,10 @@ class MetricsLogger:
             scalars[f"memory/stage{stage}_peak_gib"] = gib
         for key, prefix in TB_GROUPS.items():
             scalars.update({f"{prefix}/{name}": v for name, v in r.get(key, {}).items()})
+        for start, prefix in TB_PREFIXES.items():
+            scalars.update(
+                {f"{prefix}/{k[len(start) :]}": v for k, v in r.items() if k.startswith(start)}
+            )
         if self.tb is not None:
             for tag, value in scalars.items():
                 self.tb.add_scalar(tag, value, r["step"])

@@ -15,7 +15,9 @@ class Callback:
     def pre_train(self) -> None:
         pass
 
-    def post_train_batch(self, step: int, out: StepOutput, val_loss: float | None) -> None:
+    def post_train_batch(
+        self, step: int, out: StepOutput, validation: dict[str, float] | None
+    ) -> None:
         pass
 
     def post_step(self, step: int) -> None:
@@ -41,9 +43,11 @@ class Callbacks(list[Callback]):
         for callback in self:
             callback.pre_train()
 
-    def post_train_batch(self, step: int, out: StepOutput, val_loss: float | None) -> None:
+    def post_train_batch(
+        self, step: int, out: StepOutput, validation: dict[str, float] | None
+    ) -> None:
         for callback in self:
-            callback.post_train_batch(step, out, val_loss)
+            callback.post_train_batch(step, out, validation)
 
     def post_step(self, step: int) -> None:
         for callback in self:

@@ -31,18 +31,20 @@ class MetricsLogging(Callback):
         self.step, self.extra = step, extra
         self.records: list[dict] = []  # what was logged, step by step
 
-    def post_train_batch(self, step: int, out: StepOutput, val_loss: float | None) -> None:
+    def post_train_batch(
+        self, step: int, out: StepOutput, validation: dict[str, float] | None
+    ) -> None:
         self.metrics.count_step()
         # Reading the loss syncs with the device: only on the steps that log it. The non-finite
         # verdicts are read there too, first: a run past its allowed skips stops before it logs.
-        if self.metrics.should_log(step) or val_loss is not None:
+        if self.metrics.should_log(step) or validation is not None:
             self.nonfinite.settle()
             record = self.metrics.log(
                 step,
                 self.global_mean(out.loss),
                 out.grad_norm.item(),
                 out.lr,
-                val_loss,
+                validation,
                 skipped_steps=self.nonfinite.skipped,
                 extra=self.extra(),
             )
