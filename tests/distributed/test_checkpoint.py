@@ -79,7 +79,6 @@ SAVES = {
     "qwen3_fsdp2": ("fsdp2", 6, 3, QWEN3_TIED),
     # Qwen3 MoE: the expert bias, a buffer, is in the checkpoint beside the weights.
     "moe_one": ("one", 6, 3, QWEN3_MOE_BIAS),
-    "moe_fsdp2": ("fsdp2", 6, 3, QWEN3_MOE_BIAS),
     # Expert parallel: the experts split over 2 ranks in the checkpoint; its last save is also
     # exported to Hugging Face by the ranks.
     "moe_ep2": ("ep2", 6, 3, (*QWEN3_MOE_BIAS, "--checkpoint.last_save_in_hf")),
@@ -97,14 +96,11 @@ RESUMES = {
     # CP is invisible in a checkpoint: its ranks hold FSDP shards of the same parameters and
     # the same data loader position, which DCP reshards like any other layout's.
     "cp2_to_one": ("save_cp2", 3, "one", 6, 3),
-    "cp2_to_fsdp2": ("save_cp2", 3, "fsdp2", 6, 3),
     "one_to_2x2": ("full_one", 3, "fsdp2_tp2", 6, 3),
     "seed_one": ("seed", 0, "one", 1, 100),
     "seed_2x2": ("seed", 0, "fsdp2_tp2", 1, 100),
     "qwen3_one_to_2x2": ("qwen3_one", 3, "fsdp2_tp2", 6, 3),
     "qwen3_fsdp2_to_one": ("qwen3_fsdp2", 3, "one", 6, 3),
-    "moe_resumed_fsdp2": ("moe_fsdp2", 3, "fsdp2", 6, 3),
-    "moe_fsdp2_to_one": ("moe_fsdp2", 3, "one", 6, 3),
     "moe_one_to_2x2": ("moe_one", 3, "fsdp2_tp2", 6, 3),
     # Saved on EP 2, in the 2-process phase: its 4-process resumes join the other 4-process
     # runs (one process group fewer than a save on 4 ranks would need).

@@ -10,10 +10,10 @@ KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib",
 @pytest.mark.slow
 def test_debug_model_trains_and_logs(tmp_path):
     proc = check(
-        run_script("run_train.sh", ["--training.steps", "20", "--job.dump_folder", str(tmp_path)])
+        run_script("run_train.sh", ["--training.steps", "15", "--job.dump_folder", str(tmp_path)])
     )
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 21))
+    assert [r["step"] for r in records] == list(range(1, 16))
     assert KEYS <= set(records[0])
     assert records[-1]["loss"] <= 0.75 * records[0]["loss"], (
         records[0]["loss"],
@@ -26,10 +26,10 @@ def test_debug_model_trains_and_logs(tmp_path):
     events = EventAccumulator(str(run))
     events.Reload()
     losses = events.Scalars("loss/train")
-    assert [e.step for e in losses] == list(range(1, 21))
+    assert [e.step for e in losses] == list(range(1, 16))
     assert losses[-1].value == pytest.approx(records[-1]["loss"], rel=1e-6)
-    assert (tmp_path / "config.toml").read_text().count("steps = 20") == 1
-    assert "step     20" in proc.stderr + proc.stdout
+    assert (tmp_path / "config.toml").read_text().count("steps = 15") == 1
+    assert "step     15" in proc.stderr + proc.stdout
 
 
 @pytest.mark.slow
