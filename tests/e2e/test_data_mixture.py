@@ -213,8 +213,8 @@ def test_a_changed_mixture_and_bad_sources_are_one_line(tmp_path, sources):
 
 def test_text_sources_beside_a_prepared_one_on_two_ranks_resume_exactly(tmp_path, sources):
     """The prose as two text sources (tokenized as read, each shared by the two ranks on a group
-    of its own) beside the prepared code: the shares of 10 steps of 4 windows, and a resume
-    from step 4 bit-exact with the uninterrupted run. (Two text sources: ranks that took their
+    of its own) beside the prepared code: the shares of 10 steps of 4 windows, a resume from
+    step 4 bit-exact with the uninterrupted run, and one on one process within 1e-4. (Two text sources: ranks that took their
     refills in different orders would wait on each other here; a hang ends in the timeout.)"""
     prose = sorted(Path(BUILTIN_DATASETS["titanlite_corpus"]).glob("prose_*"))
     texts = {"text_a": tmp_path / "text_a", "text_b": tmp_path / "text_b"}
@@ -238,6 +238,14 @@ def test_text_sources_beside_a_prepared_one_on_two_ranks_resume_exactly(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want = losses_by_step(full)
     assert losses_by_step(again) == {s: want[s] for s in range(5, 11)}  # bit-exact
+    # On one process: each text reader goes on from the position both ranks recorded.
+    one = tmp_path / "one"
+    _copy_step(full, 4, one)
+    alone = _train(config, one, *run[:-2], "--training.local_batch_size", "4")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    for step, loss in losses_by_step(one).items():
+        assert abs(loss - want[step]) <= 1e-4 * want[step], (step, loss, want[step])
+    assert sorted(losses_by_step(one)) == list(range(5, 11))
 
 
 def test_a_text_source_read_past_max_repetition_stops_the_run_with_one_line(tmp_path, sources):
