@@ -74,7 +74,7 @@ def _loader(mode: str, rank: int, world: int, args: argparse.Namespace):
         dp_rank=rank,
         dp_size=world,
         seed=0,
-        tokenize_group=group,
+        tokenize_groups=[group],
         prefetch=mode == "dp_thread",
     )
 

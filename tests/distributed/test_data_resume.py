@@ -29,7 +29,7 @@ def _loader(kind, source, lbs, rank, dp, group=None):
         dp_rank=rank,
         dp_size=dp,
         seed=11,
-        tokenize_group=group,
+        tokenize_groups=[group],
     )
 
 

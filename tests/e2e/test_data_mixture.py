@@ -200,11 +200,18 @@ def test_a_changed_mixture_and_bad_sources_are_one_line(tmp_path, sources):
     for name, (weights, extra) in CONFIG_MISTAKES.items():
         config = _config(tmp_path / f"{name}.toml", sources, weights, extra)
         cases[name] = (["--config", config, "--training.steps", "10"], {})
-    got = preflight_cases(cases, shell=("repeat", "negative"))
+    # A named held-out set's mistake: [[validation.sources]] go through the same tables.
+    held_out = _config(tmp_path / "held_out.toml", sources, TWO)
+    text = Path(held_out).read_text() + "\n[validation]\nenabled = true\n"
+    text += '\n[[validation.sources]]\nname = "a"\npath = "/x"\n' * 2
+    Path(held_out).write_text(text)
+    cases["held_out"] = (["--config", held_out], {})
+    got = preflight_cases(cases, shell=("repeat", "negative", "held_out"))
     for name in bad:
         expect_one_line(got[name], 2, "data.sources.x.path")
     expect_one_line(got["repeat"], 2, "data source 'code' would be read", "max_repetition = 1")
     expect_one_line(got["negative"], 2, "[[data.sources]] #2 weight = -0.5: must be >= 0.0")
+    expect_one_line(got["held_out"], 2, "[[validation.sources]]: two sources are named 'a'")
     expect_one_line(got["vocabulary"], 2, "token id 1000000, beyond the model's vocabulary")
     for name, line in CONFIG_MISTAKE_LINES.items():
         expect_one_line(got[name], 2, line)

@@ -76,16 +76,14 @@ def build_dataloader(
     dp_size: int,
     seed: int,
     text_field: str = "text",
-    tokenize_group: Any = None,
+    tokenize_groups: Sequence[Any] = (),
     prefetch: bool = True,
     windows_per_step: int = 0,
-    tokenize_groups: Sequence[Any] = (),
 ) -> Any:
     """A torchdata StatefulDataLoader of (inputs, labels) micro-batches for one dp rank.
-    `tokenize_group`: the process group that shares tokenizing a text stream (PackedTextDataset);
-    prepared shards need none. `tokenize_groups`: one such group per text stream, in order (a
-    text dataset's one, or each text source's of a Mixture; `Mixture.text_sources`); missing
-    ones tokenize alone. `prefetch`: the text reader reads and tokenizes on a thread of its own
+    `tokenize_groups`: per text stream, in order (a text dataset's one, or each text source's of
+    a Mixture, `Mixture.text_sources`), the process group that shares tokenizing it
+    (PackedTextDataset); missing ones tokenize alone, prepared shards need none. `prefetch`: the text reader reads and tokenizes on a thread of its own
     (the loader itself has no worker process: the reader's exchange is a collective).
     `windows_per_step`: the global batch, where a mixture's phases start."""
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -94,7 +92,7 @@ def build_dataloader(
     from titanlite.data.shard_dataset import ShardWindowDataset
     from titanlite.data.text_dataset import PackedTextDataset
 
-    groups = list(tokenize_groups) or [tokenize_group]
+    groups = list(tokenize_groups)
     dataset: ShardWindowDataset | PackedTextDataset | MixtureWindowDataset
     if isinstance(source, Mixture):
         streams = _mixture_streams(source, tokenizer, seq_len, seed, text_field, groups, prefetch)

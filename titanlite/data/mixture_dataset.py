@@ -123,7 +123,7 @@ class MixtureWindowDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         consumed = self.split.consumed(self.read)
         taken = self.schedule.consumed(consumed)
-        state = {
+        return {
             "consumed": consumed,
             "partial": self.read % self.local_batch_size,
             "mixture": self.fingerprint,
@@ -138,7 +138,6 @@ class MixtureWindowDataset(IterableDataset):
                 sort_keys=True,
             ),
         }
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         consumed = int(state["consumed"])
