@@ -90,7 +90,8 @@ def no_tracebacks(runs: dict[str, subprocess.CompletedProcess]) -> None:
 @pytest.mark.slow
 def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path):
     runs = {}
-    for name in ("truncated", "no_metadata", "other_model", "load_step", "crafted"):
+    names = ("truncated", "no_metadata", "other_model", "fewer_blocks", "partial", "load_step")
+    for name in (*names, "crafted"):
         runs[name] = tmp_path / name
         runs[name].mkdir()
     ck = copy_run(saved_run, runs["truncated"])
@@ -99,6 +100,7 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
         f.truncate(distcp.stat().st_size // 2)
     (copy_run(saved_run, runs["no_metadata"]) / ".metadata").unlink()
     copy_run(saved_run, runs["other_model"])
+    copy_run(saved_run, runs["fewer_blocks"])
     copy_run(saved_run, runs["load_step"])
     marker = tmp_path / "exploit-ran"
     craft_metadata(copy_run(saved_run, runs["crafted"]), marker)
@@ -114,6 +116,17 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
             "truncated": args("truncated"),
             "no_metadata": args("no_metadata"),
             "other_model": args("other_model", "--model.dim", "128"),
+            # The extra blocks would be dropped and a smaller model trained (issue 46).
+            "fewer_blocks": args("fewer_blocks", "--model.n_layers", "3"),
+            # ... unless asked for: a truncated model fine-tuned from the full one.
+            "partial": args(
+                "partial",
+                "--model.n_layers",
+                "3",
+                "--checkpoint.initial_load_path",
+                str(saved_run / "checkpoint" / "step-1"),
+                "--checkpoint.allow_partial_model_load",
+            ),
             "load_step": args("load_step", "--checkpoint.load_step", "7"),
             "crafted": args("crafted"),
         }
@@ -122,14 +135,26 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
         got["truncated"], 2, "titanlite: error: cannot load", distcp.name, "(truncated?)"
     )
     expect_one_line(got["no_metadata"], 2, "titanlite: error: cannot load", ".metadata is missing")
-    expect_one_line(got["other_model"], 2, "model key 'tok_embeddings.weight' has shape (512, 256)")
+    expect_one_line(got["other_model"], 2, "step 1", "saved with dim = 256 (checkpoint) vs 128")
+    expect_one_line(
+        got["fewer_blocks"],
+        2,
+        "titanlite: error: checkpoint step 1",
+        "saved with n_layers = 6 (checkpoint) vs 3 (configured), which changes the model's",
+        "checkpoint.allow_partial_model_load",
+    )
+    check(got["partial"])
+    assert "loading 30 of the checkpoint's 57 model tensors" in got["partial"].stderr
     expect_one_line(got["load_step"], 2, "checkpoint.load_step = 7", "complete: [1]")
     expect_one_line(got["crafted"], 2, "names posix.system", "refusing to unpickle")
     assert not marker.exists()
+    del got["partial"]
     for proc in got.values():  # preflight stopped them: no torchrun, no traceback
         assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
-    # What was there is kept: the refused checkpoints are untouched.
+    # What was there is kept: the refused checkpoints are untouched, and nothing was added.
     assert next((runs["truncated"] / "checkpoint" / "step-1").glob("*.distcp")).exists()
+    assert sorted(p.name for p in runs["fewer_blocks"].iterdir()) == [".run.lock", "checkpoint"]
+    assert [p.name for p in (runs["fewer_blocks"] / "checkpoint").iterdir()] == ["step-1"]
 
 
 @pytest.mark.slow

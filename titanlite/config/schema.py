@@ -309,6 +309,11 @@ class Checkpoint:
         "on resume, apply [optimizer] lr/betas/eps/weight_decay from the config instead of the "
         "checkpoint's (which otherwise continue, with a warning)",
     )
+    allow_partial_model_load: bool = opt(
+        False,
+        "load a checkpoint holding more model tensors than the configured model (e.g. fewer "
+        "blocks: fine-tuning a truncated model), leaving the rest out; off, that is refused",
+    )
     on_save_error: str = opt(
         "stop",
         "a save that fails (e.g. disk full): stop the run (exit 2), or warn and retry at the "

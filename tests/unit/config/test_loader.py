@@ -91,6 +91,32 @@ def test_pyproject_lists_every_package():
     assert setuptools["package-data"]["titanlite.presets"] == ["*.toml"]
 
 
+def test_pyproject_admits_only_the_tested_torch_and_torchao():
+    """A range wider than what CI runs resolved a fresh `pip install -e .` to torch 2.14.1,
+    which nothing had tested (issue 46): the pins admit the installed (tested) releases, the
+    default of scripts/ensure_installed.sh, and not the next minor release."""
+    import re
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    reqs += [Requirement(r) for r in project["optional-dependencies"]["float8"]]
+    spec = {r.name: r.specifier for r in reqs}
+    for name in ("torch", "torchao"):
+        tested = Version(version(name)).base_version
+        major, minor = Version(tested).release[:2]
+        assert tested in spec[name], (name, tested, spec[name])
+        assert f"{major}.{minor + 1}.0" not in spec[name], (name, spec[name])
+        assert f"{major}.{minor}.0" in spec[name] and f"{major}.{minor - 1}.0" not in spec[name]
+    script = (ROOT / "scripts" / "ensure_installed.sh").read_text()
+    default = re.search(r"TITANLITE_TORCH_SPEC:-torch==([\d.]+)", script)
+    assert default and default.group(1) in spec["torch"]
+
+
 TORCHTITAN_LLAMA3_8B = """
 [job]
 dump_folder = "./outputs"

@@ -34,13 +34,11 @@ def test_latest_complete_step_then_load_step_then_initial_load_path(tmp_path):
     point = resume_point(job(tmp_path, *on, *initial).checkpoint, folder)
     assert point is not None
     assert (point.path, point.step, point.complete) == (folder / "step-10", 10, [2, 4, 10])
-    assert checkpoint_to_load(job(tmp_path, *on)) == folder / "step-10"
+    assert checkpoint_to_load(job(tmp_path, *on)) == point
 
     point = resume_point(job(tmp_path, *on, "--checkpoint.load_step", "4").checkpoint, folder)
     assert point is not None and (point.path, point.step) == (folder / "step-4", 4)
-    assert checkpoint_to_load(job(tmp_path, *on, "--checkpoint.load_step", "4")) == (
-        folder / "step-4"
-    )
+    assert checkpoint_to_load(job(tmp_path, *on, "--checkpoint.load_step", "4")) == point
 
     assert resume_point(job(tmp_path).checkpoint, folder) is None  # checkpointing off
     assert checkpoint_to_load(job(tmp_path)) is None
