@@ -126,7 +126,8 @@ MUTANTS = [
         "        reader = FileSystemReader(str(path))\n",
         ("tests/e2e/test_failures.py::test_every_reader_refuses_a_crafted_metadata_on_its_own",),
     ),
-    # Non-finite values on one rank (item 7).
+    # Non-finite values on one rank (item 7): the host's verdict. A rank that does not act on it
+    # only fails once its peer has stopped, so each rank's own exit code and line are checked.
     Mutant(
         "nonfinite_guard_rank0_only",
         "only rank 0 acts on a non-finite gradient norm",
@@ -134,6 +135,21 @@ MUTANTS = [
         "        if math.isfinite(norm):\n",
         "        import torch.distributed as dist\n\n"
         "        if math.isfinite(norm) or dist.get_rank() != 0:\n",
+        (
+            "tests/e2e/test_nonfinite.py::"
+            "test_nan_on_one_rank_stops_every_rank_at_that_step_without_its_update",
+        ),
+    ),
+    # The skip itself, on the device: a rank that applies the bad update (issue 46, item 8).
+    Mutant(
+        "nonfinite_skip_rank0_only",
+        "only rank 0's optimizer skips a non-finite step's update",
+        "titanlite/components/nonfinite.py",
+        "        scaled.found_inf = (~torch.isfinite(norm.detach())).to(torch.float32)\n",
+        "        import torch.distributed as dist\n\n"
+        "        scaled.found_inf = (~torch.isfinite(norm.detach())).to(torch.float32) * (\n"
+        "            dist.get_rank() == 0\n"
+        "        )\n",
         (
             "tests/e2e/test_nonfinite.py::"
             "test_nan_on_one_rank_stops_every_rank_at_that_step_without_its_update",
@@ -310,6 +326,19 @@ MUTANTS = [
         "            complete_sequences_over(feed_forward, shards.group, grads_summed=False)\n",
         "            pass\n",
         _layout("qwen3_moe_cp2"),
+    ),
+    # Bad input, round three (issue 46, item 1).
+    Mutant(
+        "partial_model_load_by_default",
+        "a checkpoint with more blocks than configured loads into the smaller model unasked",
+        "titanlite/preflight/checkpoint.py",
+        "    if not (missing or reshaped) and job.checkpoint.allow_partial_model_load:\n",
+        "    if not (missing or reshaped):\n",
+        (
+            "tests/e2e/test_failures.py::test_checkpoint_problems_stop_in_preflight_with_one_line",
+            "tests/unit/preflight/test_checkpoint_model.py::"
+            "test_a_partial_load_is_admitted_only_for_a_subset_and_only_on_request",
+        ),
     ),
 ]
 

@@ -95,4 +95,9 @@ def outcome(argv: list[str]) -> tuple[int, str]:
             return check(self, indices)
 
         ShardSet.verify_checksums = slow_check  # type: ignore[method-assign]
-    return cli.outcome(argv)
+    code, line = cli.outcome(argv)
+    # How this rank itself ended: the launcher shows one rank's line, and a rank that only
+    # failed because its peer stopped first would hide behind it.
+    folder = Path(argv[argv.index("--job.dump_folder") + 1])
+    (folder / f"rank{os.environ['RANK']}_outcome.json").write_text(json.dumps([code, line]))
+    return code, line

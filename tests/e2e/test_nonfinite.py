@@ -98,6 +98,10 @@ def test_nan_on_one_rank_stops_every_rank_at_that_step_without_its_update(tmp_pa
     # Once (the launcher's), though every rank stops with it.
     assert len(errors) == 1, errors
     assert errors[0].startswith("titanlite: error: step 3: the gradient norm is nan")
+    # Each rank stopped on its own verdict, not because its peer went away.
+    for rank in (0, 1):
+        code, line = json.loads((tmp_path / f"rank{rank}_outcome.json").read_text())
+        assert (code, line) == (3, errors[0]), (rank, code, line)
     assert saved_steps(tmp_path) == [1, 2]
     # Every rank's weights at the end are step 2's, as saved: no rank applied step 3.
     saved = load_full_state_dict(tmp_path / "checkpoint" / "step-2", ["model"])["model"]
