@@ -195,6 +195,8 @@ def test_a_changed_mixture_and_bad_sources_are_one_line(tmp_path, sources):
         cases[name] = (["--config", config], {})
     repeat = _config(tmp_path / "repeat.toml", sources, {"code": 1.0}, repeat=1.0)
     cases["repeat"] = (["--config", repeat, "--training.steps", "500"], {})
+    # The dry run prints its whole plan, the overrun marked, then refuses as training would.
+    cases["repeat_dry_run"] = (["--config", repeat, "--training.steps", "500", "--dry-run"], {})
     negative = _config(tmp_path / "negative.toml", sources, {"code": 1.0, "prose_a": -0.5})
     cases["negative"] = (["--config", negative], {})
     for name, (weights, extra) in CONFIG_MISTAKES.items():
@@ -206,10 +208,14 @@ def test_a_changed_mixture_and_bad_sources_are_one_line(tmp_path, sources):
     text += '\n[[validation.sources]]\nname = "a"\npath = "/x"\n' * 2
     Path(held_out).write_text(text)
     cases["held_out"] = (["--config", held_out], {})
-    got = preflight_cases(cases, shell=("repeat", "negative", "held_out"))
+    got = preflight_cases(cases, shell=("repeat", "repeat_dry_run", "negative", "held_out"))
     for name in bad:
         expect_one_line(got[name], 2, "data.sources.x.path")
     expect_one_line(got["repeat"], 2, "data source 'code' would be read", "max_repetition = 1")
+    expect_one_line(got["repeat_dry_run"], 2, "data source 'code' would be read", "at step ")
+    plan = got["repeat_dry_run"].stdout
+    assert plan.startswith("dry run: llama3 debugmodel"), plan  # the memory plan too
+    assert "data mixture: source, target share" in plan and "OVERRUN: code would be read" in plan
     expect_one_line(got["negative"], 2, "[[data.sources]] #2 weight = -0.5: must be >= 0.0")
     expect_one_line(got["held_out"], 2, "[[validation.sources]]: two sources are named 'a'")
     expect_one_line(got["vocabulary"], 2, "token id 1000000, beyond the model's vocabulary")

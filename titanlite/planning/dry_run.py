@@ -593,7 +593,10 @@ def main(argv: list[str] | None = None) -> int:
     windows = job.training.local_batch_size * result.dp_size * result.grad_accum_steps
     mixture = mixture_plan(job, windows)
     if mixture:
-        print(mixture)
+        text, refusal = mixture
+        print(text)
+        if refusal:  # the whole plan first, then the verdict training's preflight would give
+            return report(refusal)
     return 0
 
 

@@ -15,10 +15,11 @@ from titanlite.data.shards import is_prepared
 from titanlite.preflight.data import mixture_of
 
 
-def mixture_plan(job: JobConfig, windows_per_step: int) -> str | None:
-    """The plan's lines (None without [[data.sources]]); a source read past its
-    max_repetition, or a plan that needs sizes not here, is a line of the text, not an error:
-    the dry run plans memory, and training's preflight refuses what the data cannot give."""
+def mixture_plan(job: JobConfig, windows_per_step: int) -> tuple[str, str | None] | None:
+    """The plan's lines and the refusal training's preflight would make of it (None: none);
+    None without [[data.sources]]. A source read past its max_repetition is marked in the
+    plan, which is printed whole before the dry run exits with the refusal; a plan that needs
+    sizes not here is a line of the text."""
     if not job.data.sources:
         return None
     known = [_manifest_here(s.path, f"data.sources.{s.name}.path") for s in job.data.sources]
@@ -27,15 +28,20 @@ def mixture_plan(job: JobConfig, windows_per_step: int) -> str | None:
         mixture = mixture_of(job, [shards if shards else [] for shards in known])
         rows = mixture.plan(t.steps, windows_per_step, t.seq_len)
     except DatasetError as e:
-        return f"data mixture: not planned: {e}"
+        return f"data mixture: not planned: {e}", None
     lines = [describe(rows, unknown="unknown (not read here)")]
     for row, source in zip(rows, job.data.sources):
         if row.exhausted_at is not None:
             lines.append(
-                f"  {row.name} would be read {row.epochs:.2f} times, past max_repetition = "
-                f"{source.max_repetition:g} at step {row.exhausted_at}: training will refuse it"
+                f"  OVERRUN: {row.name} would be read {row.epochs:.2f} times, past "
+                f"max_repetition = {source.max_repetition:g} at step {row.exhausted_at}: "
+                "training refuses it"
             )
-    return "\n".join(lines)
+    try:
+        mixture.check_finite(t.steps, windows_per_step, t.seq_len)
+    except DatasetError as e:
+        return "\n".join(lines), str(e)
+    return "\n".join(lines), None
 
 
 def _manifest_here(path: str, key: str) -> ShardSet | None:

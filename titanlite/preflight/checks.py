@@ -64,7 +64,8 @@ def check(
         check_output_paths(job)
         accum = grad_accum_steps(job, dims.dp_size)
         global_batch = job.training.local_batch_size * dims.dp_size * accum
-        check_windows(job, dataset, validation, tokenizer, global_batch)
+        # A dry run prints a mixture's overrun in its plan, then refuses it (mixture_plan).
+        check_windows(job, dataset, validation, tokenizer, global_batch, finite=device is None)
         check_checkpoint(job, args)
     check_profiling(job)
     return Preflight(

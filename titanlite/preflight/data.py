@@ -61,7 +61,11 @@ def mixture_of(job: JobConfig, opened: list):
     return Mixture(names, opened, phases, repetition, d.weight_unit, d.allow_mixture_change)
 
 
-def check_windows(job: JobConfig, dataset, validation, tokenizer, global_batch: int) -> None:
+def check_windows(
+    job: JobConfig, dataset, validation, tokenizer, global_batch: int, finite: bool = True
+) -> None:
+    """Every source, held-out set included, holds a first window; with `finite`, no mixture
+    source is read past its max_repetition."""
     from titanlite.data import ShardSet
     from titanlite.data.mixture import Mixture
 
@@ -71,7 +75,8 @@ def check_windows(job: JobConfig, dataset, validation, tokenizer, global_batch: 
             # (Prepared shards' errors name their source's key themselves.)
             what = "training" if isinstance(data, ShardSet) else f"data.sources.{name}.path's"
             check_first_window(data, tokenizer, t.seq_len, t.dataset_text_field, what)
-        dataset.check_finite(t.steps, global_batch, t.seq_len)
+        if finite:
+            dataset.check_finite(t.steps, global_batch, t.seq_len)
     else:
         check_first_window(dataset, tokenizer, t.seq_len, t.dataset_text_field, "training")
     v = job.validation

@@ -1,7 +1,7 @@
 """`--dry-run` prints the data mixture's plan for the cluster's global batch: targets, achieved
 shares and tokens from the config alone; epochs where a source's manifest is readable here
-(unknown for a path that is only on the cluster); a source read past its max_repetition is a
-line of the plan, not an error (the dry run plans memory; training's preflight refuses it)."""
+(unknown for a path that is only on the cluster); a source read past its max_repetition is
+marked in the plan, printed whole, and then refused with training's own line (exit 2)."""
 
 from pathlib import Path
 
@@ -30,7 +30,8 @@ def test_the_dry_run_prints_the_mixture_plan_at_the_clusters_batch(tmp_path):
     # --dry-run.vocab_size: plan as for a cluster (no tokenizer or data path checked here).
     cluster = ("--dry-run.world_size", "32", "--dry-run.vocab_size", "2000")
     proc = dry_run("--config", str(config), "--training.steps", "100", *cluster)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("titanlite: error: data source 'code' would")
     lines = proc.stdout[proc.stdout.index("data mixture:") :].splitlines()
     code_row, web_row = lines[1].split(), lines[2].split()
     assert code_row[:4] == ["code", "50.00%", "50.00%", f"{12_800 * 256:,}"], lines
@@ -39,6 +40,7 @@ def test_the_dry_run_prints_the_mixture_plan_at_the_clusters_batch(tmp_path):
     assert float(code_row[4]) == round(12_800 / per_epoch, 3)
     assert " ".join(web_row[4:]) == "unknown (not read here)"
     # The bundled code files hold far fewer than 12,800 windows: the plan says when it runs out.
-    assert f"code would be read {12_800 / per_epoch:.2f} times, past max_repetition = 1" in (
-        proc.stdout
+    assert (
+        f"OVERRUN: code would be read {12_800 / per_epoch:.2f} times, past max_repetition = 1"
+        in (proc.stdout)
     )
