@@ -340,6 +340,20 @@ MUTANTS = [
             "test_a_partial_load_is_admitted_only_for_a_subset_and_only_on_request",
         ),
     ),
+    # (issue 46, item 2)
+    Mutant(
+        "hf_integer_weights_cast",
+        "an integer tensor of a Hugging Face folder is cast to float, not refused",
+        "titanlite/components/checkpoint/hf.py",
+        "        if e.dtype not in _WEIGHT_DTYPES:\n",
+        "        if e.dtype not in _WEIGHT_DTYPES and False:\n",
+        (
+            "tests/e2e/test_hf_dtypes.py::"
+            "test_int32_weights_stop_the_converter_and_the_run_in_one_line",
+            "tests/unit/models/qwen3/test_qwen3_hf.py::"
+            "test_a_moe_folder_with_an_integer_expert_is_refused_in_one_line",
+        ),
+    ),
 ]
 
 

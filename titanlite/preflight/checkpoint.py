@@ -40,7 +40,7 @@ def check_checkpoint(job: JobConfig, args) -> None:
     if job.checkpoint.initial_load_in_hf and path == Path(job.checkpoint.initial_load_path or ""):
         from titanlite.components.checkpoint.hf import HFFolder
 
-        HFFolder(path, args)  # its config and every tensor's shape against the configured model
+        HFFolder(path, args)  # its config, every tensor's shape and dtype: the configured model's
         return
     problems = verify(path, checksums=False)
     if problems:

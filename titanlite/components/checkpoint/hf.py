@@ -53,6 +53,7 @@ from titanlite.components.checkpoint.storage import (
     save_full_state_dict,
     verify,
 )
+from titanlite.core.dtypes import DTYPES
 from titanlite.families import (
     DEFAULT_FAMILY,
     FAMILIES,
@@ -64,6 +65,9 @@ from titanlite.families import (
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # as transformers' save_pretrained
 Report = Callable[[str], None]
+# What a weight read from a Hugging Face folder may be: an integer, bool or float8 tensor is a
+# quantized model or a broken file, and casting it would train on garbage.
+_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 # ---------------------------------------------------------------------------------------------
 # shared pieces
@@ -531,13 +535,48 @@ def read_hf_config(
         raise CheckpointError(f"{src}/{e}") from None
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _folder_dtype(config: dict[str, Any], dtypes: list[torch.dtype]) -> torch.dtype:
+    """The dtype a folder's weights are meant to have: config.json's (`torch_dtype` before
+    transformers 5), else its tensors' most common floating one."""
+    named = DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")))
+    if named is not None:
+        return named
+    floating = [d for d in dtypes if d in _WEIGHT_DTYPES]
+    return max(set(floating), key=floating.count, default=torch.float32)
+
+
+def _check_dtypes(entries: dict[str, Entry], dtype: torch.dtype, where: str) -> str | None:
+    """A tensor of no floating dtype -> one line; floating ones of another dtype than `dtype`
+    are cast on read: the one note that says so, for the whole folder."""
+    for name, e in entries.items():
+        if e.dtype not in _WEIGHT_DTYPES:
+            raise CheckpointError(
+                f"{where}: tensor {name} has dtype {_dtype_name(e.dtype)}, the model needs "
+                f"floating weights ({_dtype_name(dtype)})"
+            )
+    other = [n for n, e in entries.items() if e.dtype != dtype]
+    if not other:
+        return None
+    found = "/".join(sorted({_dtype_name(entries[n].dtype) for n in other}))
+    return (
+        f"note: {where}: {len(other)} of its {len(entries)} tensors (e.g. {other[0]}) are "
+        f"{found}, cast to {_dtype_name(dtype)}"
+    )
+
+
 class HFFolder:
     """A Hugging Face model folder, checked: its config describes a model of the family (the
     configured model `expect`, when given, field by field; the family: `expect`'s, else the one
     config.json's model_type names) and its safetensors hold exactly that model's tensors at
-    their shapes. Only headers are read here."""
+    their shapes, in floating dtypes. `dtype`: what the weights are read as (default: the
+    folder's own); `cast_note` says which tensors that casts, if any. Only headers are read
+    here."""
 
-    def __init__(self, src: Path, expect: Any = None):
+    def __init__(self, src: Path, expect: Any = None, dtype: torch.dtype | None = None):
         self.src = src
         family = None if expect is None else family_of_args(expect)
         self.config, self.args, family = read_hf_config(src, family)
@@ -559,6 +598,9 @@ class HFFolder:
         have = {n: e.shape for n, e in self.tensors.items() if not hf.ignored.match(n)}
         want = dict(part for k in self.shapes for part in self.parts(k))
         _check_tensors(have, want, str(src), self.args, hf)
+        read = {n: self.tensors[n] for n in want}
+        self.dtype = dtype or _folder_dtype(self.config, [e.dtype for e in read.values()])
+        self.cast_note = _check_dtypes(read, self.dtype, str(src))
 
     def parts(self, key: str) -> list[tuple[str, tuple[int, ...]]]:
         """The HF tensors (name, shape) that titanlite parameter `key` is read from."""
@@ -610,16 +652,15 @@ def hf_to_dcp(
 ) -> None:
     """Write the Hugging Face folder `src` as a complete titanlite checkpoint `dst`
     (model weights, manifest), usable as `checkpoint.initial_load_path` on any layout.
-    `dtype` defaults to each tensor's own."""
+    `dtype` defaults to the folder's own (HFFolder.dtype)."""
     if dst.exists():
         raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
-    folder = HFFolder(src)
-    args, tensors, shapes = folder.args, folder.tensors, folder.shapes
-    parts = {k: folder.parts(k) for k in shapes}
+    folder = HFFolder(src, dtype=dtype)
+    if folder.cast_note and report:
+        report(folder.cast_note)
+    args, shapes = folder.args, folder.shapes
     # A titanlite-only tensor (no HF part) is float32, as the model holds it.
-    out_dtype = {
-        k: dtype or (tensors[p[0][0]].dtype if p else torch.float32) for k, p in parts.items()
-    }
+    out_dtype = {k: folder.dtype if folder.parts(k) else dtype or torch.float32 for k in shapes}
     placeholders = {k: torch.empty((), dtype=out_dtype[k]).expand(s) for k, s in shapes.items()}
     progress = _Progress(
         len(shapes), sum(nbytes(s, out_dtype[k]) for k, s in shapes.items()), report

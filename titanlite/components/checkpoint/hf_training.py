@@ -57,8 +57,11 @@ def load_hf_weights(model: nn.Module, src: Path, expect: ModelArgs) -> None:
     """Set the model's parameters and persistent buffers (this rank's share) from Hugging Face
     folder `src`; a titanlite-only buffer (an MoE's expert bias) starts at zero."""
     start = time.perf_counter()
-    folder = HFFolder(src, expect)
     current: dict[str, torch.Tensor] = get_model_state_dict(model)  # type: ignore[assignment]
+    # The model holds every weight in one dtype (float32 masters): what the folder is cast to.
+    folder = HFFolder(src, expect, next(iter(current.values())).dtype)
+    if folder.cast_note:
+        logger.info(folder.cast_note.removeprefix("note: "))
     files: dict[Path, BinaryIO] = {}
     loaded: dict[str, Any] = {}
     try:

@@ -238,17 +238,20 @@ def hf_folder(tmp_path_factory):
     return make_hf_llama(tmp_path_factory.mktemp("hf") / "src")
 
 
-def _edited_copy(src, dst, config=None, drop=None, reshape=None):
+def _edited_copy(src, dst, config=None, drop=None, reshape=None, retype=None):
+    """`retype`: {tensor: the dtype to store it in}."""
     shutil.copytree(src, dst)
     if config:
         cfg = json.loads((dst / "config.json").read_text())
         cfg.update(config)
         (dst / "config.json").write_text(json.dumps(cfg))
-    if drop or reshape:
+    if drop or reshape or retype:
         tensors = safetensors_torch.load_file(dst / "model.safetensors")
         tensors.pop(drop, None)
         if reshape:
             tensors[reshape] = tensors[reshape][:-1].contiguous()
+        for name, dtype in (retype or {}).items():
+            tensors[name] = tensors[name].to(dtype)
         safetensors_torch.save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     return dst
 
@@ -283,6 +286,11 @@ def _edited_copy(src, dst, config=None, drop=None, reshape=None):
             {"config": {"num_hidden_layers": 5}},
             "has tensor model.layers.5.input_layernorm.weight, which a Llama",
         ),
+        (
+            {"retype": {"model.layers.1.mlp.down_proj.weight": torch.int8}},
+            "tensor model.layers.1.mlp.down_proj.weight has dtype int8, the model needs floating "
+            "weights (float32)",
+        ),
     ],
 )
 def test_hf_folder_mistakes_are_one_line_errors(hf_folder, tmp_path, edit, message):
@@ -290,6 +298,19 @@ def test_hf_folder_mistakes_are_one_line_errors(hf_folder, tmp_path, edit, messa
     err = _error(["hf-to-dcp", str(src), str(tmp_path / "out" / "step-0")])
     assert message in err, err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_float16_tensors_of_a_float32_folder_are_cast_with_one_note(hf_folder, tmp_path, capsys):
+    norms = ["model.norm.weight", "model.layers.0.input_layernorm.weight"]
+    src = _edited_copy(hf_folder, tmp_path / "src", retype=dict.fromkeys(norms, torch.float16))
+    assert convert(["hf-to-dcp", str(src), str(tmp_path / "out")]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and f"2 of its 57 tensors (e.g. {norms[1]}) are float16" in notes[0]
+    assert "cast to float32" in notes[0], notes
+    got = load_full_state_dict(tmp_path / "out")["model"]
+    assert all(t.dtype == torch.float32 for t in got.values())
+    want = hf_tensors(src)["model.norm.weight"].float()
+    assert torch.equal(got["norm.weight"], want)
 
 
 def test_pickle_weights_missing_files_and_existing_destinations_are_refused(

@@ -10,6 +10,7 @@ import torch
 
 from models.qwen3 import FLAVORS, HF, Qwen3
 from titanlite.components.checkpoint import hf as hf_checkpoint
+from titanlite.components.checkpoint.folder import CheckpointError
 from titanlite.components.checkpoint.record import model_config_record
 from titanlite.components.checkpoint.storage import load_full_state_dict, save_full_state_dict
 
@@ -146,3 +147,20 @@ def test_configs_titanlite_cannot_represent_name_the_field(edit, message):
     cfg = HF.hf_config(_args(False), dtype=torch.float32) | edit
     with pytest.raises(HFConfigError, match=message):
         HF.args_from_hf_config(cfg)
+
+
+def test_a_moe_folder_with_an_integer_expert_is_refused_in_one_line(tmp_path):
+    args = dataclasses.replace(FLAVORS["debugmodel_moe"], vocab_size=VOCAB, n_layers=1)
+    cfg = transformers.Qwen3MoeConfig(**HF.hf_config(args, dtype=torch.float32))
+    transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(tmp_path / "src")
+    path = tmp_path / "src" / "model.safetensors"
+    tensors = safetensors_torch.load_file(path)
+    expert = next(n for n in tensors if ".experts." in n)
+    tensors[expert] = tensors[expert].to(torch.int16)
+    safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as e:
+        hf_checkpoint.hf_to_dcp(tmp_path / "src", tmp_path / "dcp")
+    assert f"tensor {expert} has dtype int16, the model needs floating weights (float32)" in str(
+        e.value
+    )
+    assert not (tmp_path / "dcp").exists()
