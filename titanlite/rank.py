@@ -7,8 +7,10 @@ succeeds, or outside torchrun.
 A MODULE with `outcome(args) -> (code, line)` (titanlite.train) is run through it instead:
 under titanlite.launch the rank then hands its one line to the launcher without printing it,
 so the terminal shows it once, last (the rank's copy, then the launcher's, was two; with every
-rank shown, one more per rank). A rank that torchrun will restart after this failure prints it
-itself: its launcher reports only the last attempt."""
+rank shown, one more per rank). A crash's traceback likewise goes only to the error file, so
+that the ranks that fail because a peer died leave theirs in torchrun.log, not on the terminal;
+the launcher prints the root cause's. A rank that torchrun will restart after this failure
+prints both itself: its launcher reports only the last attempt."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ class _LastLine:
         return getattr(self.inner, name)
 
 
-def _record(code: int, line: str) -> None:
+def _record(code: int, line: str, callstack: str = "") -> None:
     # Also where the launcher finds it after torchrun itself was signalled (Ctrl-C, SIGTERM):
     # then torchrun raises instead of reporting the ranks' failures.
     if folder := os.environ.get(EXIT_DIR_ENV):
@@ -68,7 +70,7 @@ def _record(code: int, line: str) -> None:
     data = {
         "message": {
             "message": line,
-            "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))},
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))},
             "errorCode": code,
         }
     }
@@ -140,6 +142,19 @@ def _launcher_prints_it() -> bool:
     return int(restarts or 0) >= int(allowed or 0)
 
 
+def _crashed(tracker: _LastLine) -> str:
+    """The traceback of the exception being handled, printed unless titanlite.launch reports
+    this failure: then it goes only to the error file (torchrun.log), and the launcher prints
+    the root cause's. A rank that fails because a peer died ("Connection closed by peer")
+    would otherwise put its traceback above the launcher's line that names that peer."""
+    text = traceback.format_exc()
+    if _launcher_prints_it():
+        tracker.keep(text.strip().rsplit("\n", 1)[-1].strip())  # what print_exc ends with
+    else:
+        sys.stderr.write(text)
+    return text
+
+
 def main() -> None:
     _die_with_launcher()
     if len(sys.argv) < 2:
@@ -148,7 +163,7 @@ def main() -> None:
     module, argv = sys.argv[1], sys.argv[2:]
     sys.argv = [module, *argv]
     sys.stderr = tracker = _LastLine(sys.stderr)
-    code: int = 1
+    code, callstack = 1, ""
     try:
         code = _run(importlib.import_module(module), argv, tracker)
     except SystemExit as e:
@@ -159,12 +174,12 @@ def main() -> None:
         traceback.print_exc()
         code = INTERRUPTED
     except BaseException:
-        traceback.print_exc()
+        callstack = _crashed(tracker)
         code = 1
     finally:
         sys.stderr.flush()
         if code:
-            _record(code, tracker.last_line())
+            _record(code, tracker.last_line(), callstack)
     sys.exit(code)
 
 
