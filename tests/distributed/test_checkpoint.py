@@ -409,10 +409,9 @@ def test_corrupted_truncated_and_mismatched_checkpoints_are_clear_errors(resume_
             text=True,
         )
         assert check_cli.returncode == 1 and str(data) in check_cli.stdout
-    assert (
-        "model key 'tok_embeddings.weight' has shape (512, 256), the model (as configured: "
-        "llama3 debugmodel) has (512, 128)" in resume_errors["shapes"][0]
-    )
+    # The shape-changing field is named, from the manifest's record of the model.
+    shapes = resume_errors["shapes"][0]
+    assert "step 2" in shapes and "saved with dim = 256 (checkpoint) vs 128 (configured)" in shapes
 
 
 @pytest.mark.slow
