@@ -36,26 +36,38 @@ sock=$sockdir/munge.socket
 say() { echo "[local_slurm] $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-# The pid recorded for NAME if that process is still ours: its command line names $dir (a
-# recycled pid belongs to somebody else and must never be killed).
+# The pid recorded for NAME if that process is still ours and alive. Identity is the pid plus its
+# start time (field 22 of /proc/PID/stat, fixed at fork): a recycled pid belongs to somebody else
+# and must never be killed. Not the command line: just after spawn the child may not have exec'd
+# yet and still shows this script's, which once read as "slurmctld exited" on a loaded machine.
+start_time() {  # start_time PID: prints "STATE STARTTIME", fails if PID is gone
+    local stat
+    stat=$(cat /proc/"$1"/stat 2>/dev/null) || return 1
+    stat=${stat##*) }  # comm may hold spaces and parentheses; the fields after it do not
+    awk '{print $1, $20}' <<<"$stat"
+}
+
 our_pid() {
-    local f=$dir/pids/$1.pid pid
-    [[ -f $f ]] && pid=$(<"$f") && [[ -r /proc/$pid/cmdline ]] || return 1
-    tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | grep -qF -- "$dir/" || return 1
+    local f=$dir/pids/$1.pid pid started now
+    [[ -f $f ]] && read -r pid started <"$f" && [[ -n ${started:-} ]] || return 1
+    now=$(start_time "$pid") || return 1
+    [[ ${now% *} != Z && ${now#* } == "$started" ]] || return 1
     echo "$pid"
 }
 
 spawn() {  # spawn NAME CMD...: detached (own session, no inherited fds), pid recorded
-    local name=$1; shift
+    local name=$1 pid now; shift
     setsid "$@" </dev/null >"$dir/log/$name.out" 2>&1 &
-    echo $! >"$dir/pids/$name.pid"
+    pid=$!
+    now=$(start_time "$pid") || now="gone -"
+    echo "$pid ${now#* }" >"$dir/pids/$name.pid"
 }
 
 wait_until() {  # wait_until NAME CMD...: poll every 0.2 s for up to 60 s while NAME lives
     local name=$1 i; shift
     for ((i = 0; i < 300; i++)); do
         "$@" >/dev/null 2>&1 && return 0
-        our_pid "$name" >/dev/null || die "$name exited: $(tail -n 3 "$dir"/log/"$name"*)"
+        our_pid "$name" >/dev/null || die "$name exited (logs: $dir/log): $(tail -n 3 "$dir"/log/"$name"* 2>/dev/null)"
         sleep 0.2
     done
     die "timed out waiting for $name (logs: $dir/log)"
