@@ -6,8 +6,8 @@ python scripts/gen_config_docs.py --check    # exit 1 if it is out of date (a te
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from titanlite.config.schema import (
     UNIMPLEMENTED_SECTIONS,
     JobConfig,
 )
+from titanlite.core.arguments import ArgumentParser
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
@@ -35,6 +36,32 @@ their default (so TorchTitan files load) and refused with a clear error otherwis
 """
 
 
+def _number(value: float) -> str:
+    # Powers of two and ten read better as such than as 16-digit integers.
+    if isinstance(value, int) and value >= 2**16:
+        for base in (2, 10):
+            exp = round(math.log(value, base))
+            for candidate in (exp, exp + 1):
+                if base**candidate == value:
+                    return f"{base}^{candidate}"
+                if base**candidate - 1 == value:
+                    return f"{base}^{candidate}-1"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _range(meta: dict) -> str:
+    low, high = meta.get("min"), meta.get("max")
+    if low is None and high is None:
+        return ""
+    shown = (
+        f"{_number(low) if low is not None else ''}..{_number(high) if high is not None else ''}"
+    )
+    if meta.get("sentinel"):
+        value, meaning = meta["sentinel"]
+        shown += f"; {value} = {meaning}"
+    return f" (range {shown})"
+
+
 def render() -> str:
     out = [HEADER]
     for section in dataclasses.fields(JobConfig):
@@ -44,6 +71,7 @@ def render() -> str:
             note = meta.get("help", "")
             if meta.get("choices"):
                 note += f" (one of: {', '.join(repr(c) for c in meta['choices'])})"
+            note += _range(meta)
             if meta.get("unsupported"):
                 note = (note + " " if note else "") + "*not yet*"
             out.append(f"| `{f.name}` | `{_default(f)!r}` | {note} |")
@@ -64,7 +92,7 @@ def render() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     text = render()

@@ -193,6 +193,9 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
         "tokenizer_device": ([*dump, "--model.tokenizer_path", "/dev/null"], {}),
         "steps": ([*dump, "--training.steps", huge], {}),
         "seed_negative": ([*dump, "--training.seed", f"-{huge}"], {}),
+        "ngpu_huge": (dump, {"NGPU": huge}),
+        # issue 46, item 4: a traceback and exit 1 on the main of that day
+        "dry_world_huge": (["--dry-run", "--dry-run.world_size", huge], {}),
         "log_rank_abc": (dump, {"LOG_RANK": "abc"}),
         "log_rank_5": (dump, {"LOG_RANK": "5", "NGPU": "2"}),
         "max_restarts": (dump, {"MAX_RESTARTS": "abc"}),
@@ -202,6 +205,7 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
     }
     try:
         shell = ("config_fifo", "dataset_fifo", "steps", "log_rank_5", "max_restarts")
+        shell += ("dry_world_huge",)
         got = preflight_cases(cases, shell=(*shell, "wandb_mode"))
     finally:
         lock.close()
@@ -211,7 +215,11 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
     expect_one_line(got["config_fifo"], 2, f"--config {fifo}: {fifo} is a named pipe (FIFO); pass")
     expect_one_line(got["dataset_fifo"], 2, f"training.dataset_path: {data_fifo} is a named pipe")
     expect_one_line(got["tokenizer_device"], 2, "tokenizer_path: /dev/null is a character device")
-    expect_one_line(got["steps"], 2, f"[training] steps = {huge}: out of range; integers must")
+    expect_one_line(
+        got["steps"], 2, f"[training] steps = {huge}: out of range; must be within [1, 1000000000]"
+    )
+    expect_one_line(got["ngpu_huge"], 2, f"NGPU={huge}: expected a positive number of processes")
+    expect_one_line(got["dry_world_huge"], 2, f"--dry-run.world_size = {huge}: must be <= 16777216")
     expect_one_line(got["seed_negative"], 2, f"[training] seed = -{huge}: out of range")
     expect_one_line(got["log_rank_abc"], 2, "LOG_RANK=abc: expected local ranks within 0..0")
     expect_one_line(got["log_rank_5"], 2, "LOG_RANK=5: expected local ranks within 0..1 (NGPU = 2)")
@@ -222,8 +230,12 @@ def test_preflight_refuses_busy_folders_special_files_huge_integers_and_launcher
         got["exclude_typo"], 2, "'optimiser' is not one of", "(did you mean 'optimizer'?)"
     )
     world_0 = dry_run("--dry-run.world_size", "0")
-    expect_one_line(world_0, 2, "--dry-run.world_size 0: expected a positive number of processes")
-    for proc in (*got.values(), world_0):
+    expect_one_line(world_0, 2, "--dry-run.world_size = 0: must be >= 1")
+    nodes = dry_run(NNODES=huge)
+    expect_one_line(nodes, 2, f"NNODES = {huge}: must be <= 16777216")
+    memory = dry_run("--dry-run.device_memory_gib", "inf")
+    expect_one_line(memory, 2, "--dry-run.device_memory_gib = 'inf': expected a finite number")
+    for proc in (*got.values(), world_0, nodes, memory):
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 

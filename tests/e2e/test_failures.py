@@ -270,7 +270,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
         "config_latin1": (["--config", str(bad_toml), *dump], {}),
         "ngpu_abc": (dump, {"NGPU": "abc"}),
         "ngpu_0": (dump, {"NGPU": "0"}),
-        "seq_len": ([*dump, "--training.seq_len", "1000000000"], {}),
+        "seq_len": ([*dump, "--training.seq_len", "1000000"], {}),
         "bos_missing": ([*dump, "--model.tokenizer_path", str(tok)], {}),
         "jsonl_malformed": ([*dump, "--training.dataset_path", str(malformed)], {}),
         "text_not_utf8": ([*dump, "--training.dataset_path", str(latin1)], {}),
@@ -299,7 +299,7 @@ def test_preflight_catches_path_size_and_input_mistakes(tmp_path):
     expect_one_line(got["ngpu_abc"], 2, "NGPU=abc: expected a positive number")
     expect_one_line(got["ngpu_0"], 2, "NGPU=0: expected a positive number")
     expect_one_line(
-        got["seq_len"], 2, "seq_len = 1000000000 is beyond the model's max_seq_len of 131072"
+        got["seq_len"], 2, "seq_len = 1000000 is beyond the model's max_seq_len of 131072"
     )
     expect_one_line(got["bos_missing"], 2, "bos_token '<nope>' is not in the vocabulary")
     expect_one_line(

@@ -31,9 +31,10 @@ from titanlite.config.schema import (
 )
 from titanlite.core.io import atomic_write_text, special_kind
 from titanlite.core.logging import logger
+from titanlite.core.numbers import INT64_MAX, INT64_MIN
 
-# Integers reach tensors, C++ (the process group's timeouts) and the clock: 64-bit signed.
-INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+# Integers reach tensors, C++ (the process group's timeouts) and the clock: 64-bit signed, a
+# fence before each field's own [min, max].
 
 
 class IntegerOutOfRange(ValueError):
@@ -104,7 +105,7 @@ def _coerce(value: Any, tp: Any, from_cli: bool) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) and not from_cli:
             raise ValueError
         whole = value if isinstance(value, int) else int(str(value), 0)
-        if not INT_MIN <= whole <= INT_MAX:
+        if not INT64_MIN <= whole <= INT64_MAX:
             raise IntegerOutOfRange
         return whole
     if base is float:
@@ -182,8 +183,9 @@ def _checked_value(cls: type, f: dataclasses.Field, raw: Any, where: str, from_c
     try:
         value = _coerce(raw, tp, from_cli)
     except IntegerOutOfRange:
+        low, high = f.metadata.get("min", INT64_MIN), f.metadata.get("max", INT64_MAX)
         raise ConfigError(
-            f"{where} = {raw}: out of range; integers must be within [{INT_MIN}, {INT_MAX}]"
+            f"{where} = {raw}: out of range; must be within [{low}, {high}]"
         ) from None
     except ValueError:
         raise ConfigError(f"{where} = {raw!r}: expected {_type_name(tp)}") from None
@@ -198,7 +200,12 @@ def _checked_value(cls: type, f: dataclasses.Field, raw: Any, where: str, from_c
                     f"{where} = {value!r}: {item!r} is not one of {shown}{_closest(item, choices)}"
                 )
     low = meta.get("min")
+    sentinel, meaning = meta.get("sentinel", (None, ""))
+    if sentinel is not None and value == sentinel:
+        return value
     if low is not None and value is not None and value < low:
+        if sentinel is not None:
+            raise ConfigError(f"{where} = {value!r}: expected {sentinel} ({meaning}) or >= {low}")
         raise ConfigError(f"{where} = {value!r}: must be >= {low}")
     high = meta.get("max")
     if high is not None and value is not None and value > high:
@@ -385,12 +392,6 @@ def validate(cfg: JobConfig) -> None:
     ):
         check(cfg)
     tables.check_data(cfg.data, cfg.training.steps, cfg.training.dataset_path)
-    p = cfg.parallelism
-    if p.data_parallel_shard_degree == 0 or p.data_parallel_shard_degree < -1:
-        raise ConfigError(
-            f"[parallelism] data_parallel_shard_degree = {p.data_parallel_shard_degree}: expected "
-            "-1 (use what the world size leaves) or a positive integer"
-        )
 
 
 def _check_schedule_and_batch(cfg: JobConfig) -> None:
@@ -400,10 +401,6 @@ def _check_schedule_and_batch(cfg: JobConfig) -> None:
     if lr.lr_min > 1:
         raise ConfigError(
             f"[lr_scheduler] lr_min = {lr.lr_min}: it is a fraction of optimizer.lr, within [0, 1]"
-        )
-    if t.global_batch_size != -1 and t.global_batch_size < 1:
-        raise ConfigError(
-            f"[training] global_batch_size = {t.global_batch_size}: expected -1 or a positive integer"
         )
     if t.global_batch_size != -1 and t.global_batch_size % t.local_batch_size:
         raise ConfigError(
@@ -452,10 +449,6 @@ def _check_validation(cfg: JobConfig) -> None:
         raise ConfigError(
             f"[validation] seq_len = {v.seq_len} is longer than training.seq_len = {t.seq_len}, "
             "the longest sequence the model's position table covers"
-        )
-    if v.steps == 0 or v.steps < -1:
-        raise ConfigError(
-            f"[validation] steps = {v.steps}: expected -1 (all the data) or a positive integer"
         )
 
 

@@ -2,7 +2,8 @@
 
 Section and key names follow TorchTitan's TOML-era schema wherever the concept is the same, so
 that a TorchTitan Llama 3 TOML loads unchanged apart from file paths. Field metadata drives the
-loader (`titanlite.config.loader`): `choices`, `min`, `max`, and `unsupported`, which names a value
+loader (`titanlite.config.loader`): `choices`, `min`, `max`, `sentinel` (a value outside
+[min, max] with a meaning of its own, such as -1 = all), and `unsupported`, which names a value
 beyond the default that titanlite does not implement yet (the loader refuses it with a clear
 error rather than silently ignoring it).
 """
@@ -15,6 +16,20 @@ from typing import Any
 # What a checkpoint holds (components/checkpoint/states.py keeps these names): the keys that
 # checkpoint.exclude_from_loading may name.
 CHECKPOINT_KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
+
+# The ranges every integer field states (tests/unit/config/test_bounds.py checks that each has a
+# min and a max): far past any real run, well inside what the code that reads the value takes,
+# so that 10**30 is one line at load time, not an overflow in a C long deep in a step.
+STEPS_MAX = 10**9  # optimizer steps and step counts: 30 years at one step per second
+WIDTH_MAX = 2**20  # hidden sizes, heads, layers, sequences per batch (2026's largest dim: 32K)
+GLOBAL_BATCH_MAX = 2**31 - 1  # sequences per optimizer step (17T tokens at 8K per sequence)
+SEQ_MAX = 2**24  # tokens per sequence: 16M (context-parallel long context reaches ~1M)
+DEGREE_MAX = 2**20  # ranks in one parallel dimension
+WORLD_MAX = 2**24  # ranks in one job (NGPU x nodes, --dry-run.world_size)
+VOCAB_MAX = 2**31 - 1  # token ids are int32 in titanlite's shards and embedding lookups
+SECONDS_MAX = 30 * 24 * 3600  # a timeout of 30 days; c10d holds it in int64 milliseconds
+SEED_MAX = 2**32 - 1  # what every generator the seed reaches takes (numpy's legacy one too)
+TRACE_MAX = 2**31 - 1  # NCCL reads TORCH_NCCL_TRACE_BUFFER_SIZE as an int32
 
 
 def opt(default: Any, help: str = "", **meta: Any) -> Any:
@@ -46,7 +61,7 @@ class Job:
 class Profiling:
     enable_profiling: bool = opt(False, "record torch.profiler traces")
     save_traces_folder: str = opt("profile_trace", "under job.dump_folder")
-    profile_freq: int = opt(10, "steps between traces", min=1)
+    profile_freq: int = opt(10, "steps between traces", min=1, max=STEPS_MAX)
     enable_memory_snapshot: bool = opt(
         False, "CUDA allocator snapshots every profile_freq steps and on OOM"
     )
@@ -55,7 +70,7 @@ class Profiling:
 
 @dataclass
 class Metrics:
-    log_freq: int = opt(10, "steps between metric lines", min=1)
+    log_freq: int = opt(10, "steps between metric lines", min=1, max=STEPS_MAX)
     enable_tensorboard: bool = opt(False, "write TensorBoard scalars")
     disable_color_printing: bool = opt(False, "plain console lines")
     save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
@@ -105,11 +120,11 @@ class Model:
         choices=["window", "document"],
     )
     # Shape overrides for experiments; None keeps the flavor's value.
-    dim: int | None = opt(None, "hidden size", min=1)
-    n_layers: int | None = opt(None, "transformer blocks", min=1)
-    n_heads: int | None = opt(None, "attention heads", min=1)
-    n_kv_heads: int | None = opt(None, "key/value heads (GQA)", min=1)
-    multiple_of: int | None = opt(None, "FFN hidden size rounding", min=1)
+    dim: int | None = opt(None, "hidden size", min=1, max=WIDTH_MAX)
+    n_layers: int | None = opt(None, "transformer blocks", min=1, max=WIDTH_MAX)
+    n_heads: int | None = opt(None, "attention heads", min=1, max=WIDTH_MAX)
+    n_kv_heads: int | None = opt(None, "key/value heads (GQA)", min=1, max=WIDTH_MAX)
+    multiple_of: int | None = opt(None, "FFN hidden size rounding", min=1, max=WIDTH_MAX)
     ffn_dim_multiplier: float | None = opt(None, "FFN hidden size multiplier", min=0.0)
     norm_eps: float | None = opt(None, "RMSNorm epsilon", min=0.0)
     rope_theta: float | None = opt(None, "RoPE base", min=0.0)
@@ -144,7 +159,7 @@ class Optimizer:
 @dataclass
 class LRScheduler:
     warmup_steps: int = opt(
-        200, "linear warmup steps; the peak LR is reached at the last of them", min=0
+        200, "linear warmup steps; the peak LR is reached at the last of them", min=0, max=STEPS_MAX
     )
     decay_ratio: float | None = opt(
         None, "fraction of steps spent decaying (WSD); None = all steps after warmup", min=0.0
@@ -171,13 +186,17 @@ class Training:
     dataset_text_field: str = opt(
         "text", "the text field of .jsonl records, .parquet rows and Hugging Face dataset rows"
     )
-    local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1)
+    local_batch_size: int = opt(8, "sequences per rank per micro-batch", min=1, max=WIDTH_MAX)
     global_batch_size: int = opt(
-        -1, "sequences per optimizer step; -1 = local x dp (no accumulation)"
+        -1,
+        "sequences per optimizer step; -1 = local x dp (no accumulation)",
+        min=1,
+        max=GLOBAL_BATCH_MAX,
+        sentinel=(-1, "local x dp"),
     )
-    seq_len: int = opt(2048, "tokens per sequence", min=1)
+    seq_len: int = opt(2048, "tokens per sequence", min=1, max=SEQ_MAX)
     max_norm: float = opt(1.0, "gradient-norm clipping; 0 disables it", min=0.0)
-    steps: int = opt(10000, "optimizer steps", min=1)
+    steps: int = opt(10000, "optimizer steps", min=1, max=STEPS_MAX)
     enable_cpu_offload: bool = opt(False, "FSDP2 CPU offload of parameters and gradients")
     mixed_precision_param: str = opt(
         "bfloat16",
@@ -188,32 +207,45 @@ class Training:
         "float32", "gradient reduce dtype", choices=["float32", "bfloat16"]
     )
     compile: bool = opt(False, "torch.compile each transformer block and the loss")
-    gc_freq: int = opt(50, "steps between garbage collections", min=1)
-    seed: int | None = opt(None, "seed; None = random, broadcast from rank 0 and logged", min=0)
+    gc_freq: int = opt(50, "steps between garbage collections", min=1, max=STEPS_MAX)
+    seed: int | None = opt(
+        None, "seed; None = random, broadcast from rank 0 and logged", min=0, max=SEED_MAX
+    )
     deterministic: bool = opt(False, "deterministic algorithms (slower)")
     skip_nonfinite_steps: int = opt(
         0,
         "consecutive steps with a non-finite gradient norm whose update is skipped before the "
         "run stops (exit 3); 0 = stop at the first",
         min=0,
+        max=STEPS_MAX,
     )
 
 
 @dataclass
 class Parallelism:
-    data_parallel_replicate_degree: int = opt(1, "HSDP/DDP replicas", min=1)
-    data_parallel_shard_degree: int = opt(-1, "FSDP shards; -1 = what the world size leaves")
+    data_parallel_replicate_degree: int = opt(1, "HSDP/DDP replicas", min=1, max=DEGREE_MAX)
+    data_parallel_shard_degree: int = opt(
+        -1,
+        "FSDP shards; -1 = what the world size leaves",
+        min=1,
+        max=DEGREE_MAX,
+        sentinel=(-1, "use what the world size leaves"),
+    )
     fsdp_reshard_after_forward: str = opt(
         "default", "free gathered params after forward", choices=["default", "always", "never"]
     )
     fsdp_sync_grads_each_microbatch: bool = opt(
         True, "reduce-scatter per micro-batch (least memory) rather than once per step"
     )
-    tensor_parallel_degree: int = opt(1, "tensor-parallel ranks (innermost mesh dim)", min=1)
+    tensor_parallel_degree: int = opt(
+        1, "tensor-parallel ranks (innermost mesh dim)", min=1, max=DEGREE_MAX
+    )
     disable_loss_parallel: bool = opt(False, "gather logits before the loss under TP")
     enable_async_tensor_parallel: bool = opt(False, "async TP (CUDA + compile)")
     enable_compiled_autograd: bool = opt(False, "compiled autograd", unsupported=True)
-    pipeline_parallel_degree: int = opt(1, "pipeline-parallel ranks (outermost mesh dim)", min=1)
+    pipeline_parallel_degree: int = opt(
+        1, "pipeline-parallel ranks (outermost mesh dim)", min=1, max=DEGREE_MAX
+    )
     pipeline_parallel_schedule: str = opt(
         "1F1B",
         "torch.distributed.pipelining schedule: 1F1B, GPipe, Interleaved1F1B, LoopedBFS, "
@@ -223,19 +255,23 @@ class Parallelism:
         "", "a schedule as a CSV of actions per rank (overrides pipeline_parallel_schedule)"
     )
     pipeline_parallel_microbatch_size: int = opt(
-        1, "sequences per pipeline micro-batch (splits training.local_batch_size)", min=1
+        1,
+        "sequences per pipeline micro-batch (splits training.local_batch_size)",
+        min=1,
+        max=WIDTH_MAX,
     )
     pipeline_parallel_layers_per_stage: int | None = opt(
         None,
         "blocks per stage (the embedding and the output count as layers, see the *_less_layers "
         "options); None = 1 stage per rank, or 2 for looped schedules",
         min=1,
+        max=WIDTH_MAX,
     )
     pipeline_parallel_first_stage_less_layers: int = opt(
-        1, "blocks the first stage gives up for the embedding", min=0
+        1, "blocks the first stage gives up for the embedding", min=0, max=WIDTH_MAX
     )
     pipeline_parallel_last_stage_less_layers: int = opt(
-        1, "blocks the last stage gives up for the final norm and output", min=0
+        1, "blocks the last stage gives up for the final norm and output", min=0, max=WIDTH_MAX
     )
     pipeline_parallel_split_points: list[str] = opt(
         [], "pipeline stage boundaries (use pipeline_parallel_layers_per_stage)", unsupported=True
@@ -244,6 +280,7 @@ class Parallelism:
         1,
         "context-parallel ranks: each holds a part of every sequence (between dp_shard and tp)",
         min=1,
+        max=DEGREE_MAX,
     )
     context_parallel_load_balancer: str = opt(
         "headtail",
@@ -261,6 +298,7 @@ class Parallelism:
         "ranks an MoE's experts are split over (all-to-all token dispatch), borrowed from "
         "data_parallel_shard x context_parallel x tensor_parallel",
         min=1,
+        max=DEGREE_MAX,
     )
 
 
@@ -268,26 +306,29 @@ class Parallelism:
 class Checkpoint:
     enable_checkpoint: bool = opt(False, "save DCP checkpoints (and resume from the latest)")
     folder: str = opt("checkpoint", "under job.dump_folder")
-    interval: int = opt(500, "steps between saves", min=1)
+    interval: int = opt(500, "steps between saves", min=1, max=STEPS_MAX)
     async_mode: str = opt(
         "disabled",
         "how saves overlap training",
         choices=["disabled", "async", "async_with_pinned_mem"],
     )
-    keep_latest_k: int = opt(10, "checkpoints kept; 0 = keep all", min=0)
+    keep_latest_k: int = opt(10, "checkpoints kept; 0 = keep all", min=0, max=STEPS_MAX)
     timeout_seconds: int = opt(
         1800,
         "collective timeout of the checkpoint's own process group: a save waits there for the "
         "slowest writer (and a load for the slowest reader), which on a shared filesystem can "
         "take far longer than comm.train_timeout_seconds",
         min=1,
+        max=SECONDS_MAX,
     )
     model_weights_only: bool = opt(False, "save the model only")
     last_save_model_weights_only: bool = opt(False, "final save holds the model only")
     export_dtype: str = opt(
         "float32", "dtype of a weights-only final save", choices=["float32", "bfloat16", "float16"]
     )
-    load_step: int = opt(-1, "step to resume from; -1 = latest")
+    load_step: int = opt(
+        -1, "step to resume from; -1 = latest", min=0, max=STEPS_MAX, sentinel=(-1, "the latest")
+    )
     create_seed_checkpoint: bool = opt(False, "write step-0 model weights (1 process) and exit")
     exclude_from_loading: list[str] = opt(
         [], "state keys not restored on resume", choices=CHECKPOINT_KEYS
@@ -374,11 +415,19 @@ class Validation:
         None, "held-out text or prepared shards, as training.dataset_path"
     )
     local_batch_size: int | None = opt(
-        None, "sequences per rank per step; None = training's", min=1
+        None, "sequences per rank per step; None = training's", min=1, max=WIDTH_MAX
     )
-    seq_len: int | None = opt(None, "tokens per sequence; None = training's", min=1)
-    freq: int = opt(100, "steps between validations (and after the last step)", min=1)
-    steps: int = opt(-1, "batches per validation; -1 = every whole global batch of the data")
+    seq_len: int | None = opt(None, "tokens per sequence; None = training's", min=1, max=SEQ_MAX)
+    freq: int = opt(
+        100, "steps between validations (and after the last step)", min=1, max=STEPS_MAX
+    )
+    steps: int = opt(
+        -1,
+        "batches per validation; -1 = every whole global batch of the data",
+        min=1,
+        max=STEPS_MAX,
+        sentinel=(-1, "all the data"),
+    )
     sources: list[ValidationSource] = opt(
         [],
         "named held-out sets ([[validation.sources]]), each with its loss val_loss_<name>; "
@@ -389,16 +438,17 @@ class Validation:
 @dataclass
 class Comm:
     init_timeout_seconds: int = opt(
-        300, "collective timeout from start-up to the end of the first step", min=1
+        300, "collective timeout from start-up to the end of the first step", min=1, max=SECONDS_MAX
     )
     train_timeout_seconds: int = opt(
         100,
         "collective timeout once the first step is done (the checkpoint's group keeps "
         "checkpoint.timeout_seconds)",
         min=1,
+        max=SECONDS_MAX,
     )
     trace_buf_size: int = opt(
-        20000, "NCCL flight recorder entries per rank (CUDA only; 0 = off)", min=0
+        20000, "NCCL flight recorder entries per rank (CUDA only; 0 = off)", min=0, max=TRACE_MAX
     )
     save_traces_folder: str = opt(
         "comm_traces", "flight recorder dumps on a collective timeout, under job.dump_folder"
@@ -423,7 +473,7 @@ class MixtureSource:
 class MixturePhase:
     """One `[[data.phases]]` table: from `start_step` on, the sources' weights are `weights`."""
 
-    start_step: int = opt(1, "the phase's first training step", min=1)
+    start_step: int = opt(1, "the phase's first training step", min=1, max=STEPS_MAX)
     weights: dict[str, float] = opt({}, "source name -> weight (sources left out: 0)")
 
 

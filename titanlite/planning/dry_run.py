@@ -24,8 +24,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titanlite.config import loader as config_lib
-from titanlite.config.schema import JobConfig
+from titanlite.config.schema import VOCAB_MAX, WORLD_MAX, JobConfig
 from titanlite.core.errors import report
+from titanlite.core.numbers import read_float, read_int
 from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
 from titanlite.planning.expert_parallel import AllToAllPlan, all_to_all_plan
 from titanlite.planning.headroom import communicators, headroom
@@ -532,6 +533,25 @@ def split_dry_run_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return opts, rest
 
 
+def _read_options(opts: dict[str, str]) -> tuple[int, int, float, float | None, int | None]:
+    """The --dry-run options (and NGPU x NNODES, the world size run_train.sh would launch), each
+    a number within its range; NumberError naming the option otherwise."""
+    ngpu = read_int(os.environ.get("NGPU", "1"), "NGPU", 1, WORLD_MAX)
+    nnodes = read_int(os.environ.get("NNODES", "1"), "NNODES", 1, WORLD_MAX)
+    world = read_int(opts.get("world_size", ngpu * nnodes), "--dry-run.world_size", 1, WORLD_MAX)
+    rank = read_int(opts.get("rank", 0), "--dry-run.rank", 0, WORLD_MAX - 1)
+    memory = read_float(
+        opts.get("device_memory_gib", 80), "--dry-run.device_memory_gib", 0.001, 2**20
+    )
+    headroom = None
+    if "headroom_gib" in opts:
+        headroom = read_float(opts["headroom_gib"], "--dry-run.headroom_gib", 0, 2**20)
+    vocab = None
+    if "vocab_size" in opts:
+        vocab = read_int(opts["vocab_size"], "--dry-run.vocab_size", 1, VOCAB_MAX)
+    return world, rank, memory, headroom, vocab
+
+
 def main(argv: list[str] | None = None) -> int:
     from titanlite.preflight import checks as preflight
 
@@ -551,23 +571,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"command line: unknown --dry-run.{sorted(set(opts) - known)[0]}; known: "
                 f"{', '.join(sorted(known))}"
             )
-        default_world = int(os.environ.get("NGPU", "1")) * int(os.environ.get("NNODES", "1"))
-        try:
-            world = int(opts.get("world_size", default_world))
-            rank = int(opts.get("rank", 0))
-            memory = float(opts.get("device_memory_gib", 80))
-            headroom = float(opts["headroom_gib"]) if "headroom_gib" in opts else None
-            vocab = int(opts["vocab_size"]) if "vocab_size" in opts else None
-        except ValueError as e:
-            raise config_lib.ConfigError(f"command line: --dry-run option: {e}") from None
+        world, rank, memory, headroom, vocab = _read_options(opts)
         if headroom is not None and not 0 <= headroom < memory:
             raise config_lib.ConfigError(
                 f"--dry-run.headroom_gib {headroom:g} must be >= 0 and below "
                 f"--dry-run.device_memory_gib {memory:g}"
-            )
-        if world < 1:
-            raise config_lib.ConfigError(
-                f"--dry-run.world_size {world}: expected a positive number of processes"
             )
         if not 0 <= rank < world:
             raise config_lib.ConfigError(f"--dry-run.rank {rank} is outside world size {world}")

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from titanlite.config.loader import ConfigError, load
-from titanlite.config.schema import JobConfig
+from titanlite.config.schema import WORLD_MAX, JobConfig
 from titanlite.core import dump_lock
 from titanlite.core.errors import EnvironmentProblem, report
+from titanlite.core.numbers import NumberError, read_int
 from titanlite.preflight.checkpoint import check_checkpoint, check_seed_checkpoint
 from titanlite.preflight.data import check_windows, open_datasets
 from titanlite.preflight.environment import check_environment
@@ -296,6 +297,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
     return (
         ConfigError,
+        NumberError,
         LayoutError,
         DatasetError,
         TokenizerError,
@@ -315,14 +317,12 @@ def launched_world_size() -> int:
     user's mistake and must be named as such, not as a parallelism degree."""
     raw = os.environ.get("WORLD_SIZE", "1")
     try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
+        return read_int(raw, "WORLD_SIZE", 1, WORLD_MAX)
+    except NumberError:
         raise ConfigError(
-            f"NGPU={os.environ.get('NGPU', raw)}: expected a positive number of processes per node"
-        )
-    return n
+            f"NGPU={os.environ.get('NGPU', raw)}: expected a positive number of processes per "
+            f"node (a world size of at most {WORLD_MAX})"
+        ) from None
 
 
 def check_launcher_env(world_size: int) -> None:
