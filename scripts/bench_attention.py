@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from models.llama import FLAVORS, LlamaArgs  # noqa: E402
 from titanlite.components.loss import cross_entropy_sum, ignore_boundary_targets  # noqa: E402
 from titanlite.config.loader import load  # noqa: E402
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 from titanlite.data import Tokenizer, resolve_tokenizer_path  # noqa: E402
 from titanlite.families import get_family, model_args  # noqa: E402
 
@@ -107,15 +108,23 @@ def setup(opts: argparse.Namespace) -> tuple[LlamaArgs, dict, torch.Tensor, torc
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--quick", action="store_true", help="seq 128, batch 2, 2 rounds of 1 step")
-    ap.add_argument("--seq", type=int, default=None, help="default: 256 (CPU), 8192 (CUDA)")
-    ap.add_argument("--batch", type=int, default=None, help="default: 8 (CPU), 1 (CUDA)")
-    ap.add_argument("--layers", type=int, default=2, help="CUDA: 8B-shaped blocks")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch default)")
+    ap.add_argument(
+        "--seq", type=int_arg(1, 2**24), default=None, help="default: 256 (CPU), 8192 (CUDA)"
+    )
+    ap.add_argument(
+        "--batch", type=int_arg(1, 2**20), default=None, help="default: 8 (CPU), 1 (CUDA)"
+    )
+    ap.add_argument("--layers", type=int_arg(1, 2**20), default=2, help="CUDA: 8B-shaped blocks")
+    ap.add_argument("--rounds", type=int_arg(1, 10**9), default=5)
+    ap.add_argument(
+        "--steps", type=int_arg(1, 10**9), default=3, help="timed steps per variant per round"
+    )
+    ap.add_argument(
+        "--threads", type=int_arg(1, 2**16), default=None, help="CPU threads (torch default)"
+    )
     ap.add_argument("--paragraphs", action="store_true", help="one document per paragraph")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     opts = ap.parse_args(argv)

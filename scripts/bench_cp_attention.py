@@ -14,7 +14,6 @@ starts. Variants alternate per rank and repeat; each figure is the median of `--
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from models.attention import attend, document_pieces  # noqa: E402
 from models.llama import FLAVORS, Transformer  # noqa: E402
 from parallelisms.context_parallel import rank_positions  # noqa: E402
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 
@@ -66,11 +66,11 @@ def pairs(tokens: torch.Tensor, cp: int, rank: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seq", type=int, default=8192)
-    parser.add_argument("--cps", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int_arg(1, 2**24), default=8192)
+    parser.add_argument("--cps", type=int_arg(1, 2**20), nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int_arg(1, 10**9), default=5)
+    parser.add_argument("--threads", type=int_arg(1, 2**16), default=1)
     a = parser.parse_args(argv)
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEGREES = (1, 2, 4)
@@ -76,11 +77,13 @@ def planned(ep: int, args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=2, help="local batch: x 4 ranks = global")
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int_arg(1, 10**9), default=2)
+    p.add_argument("--steps", type=int_arg(4, 10**9), default=20)
+    p.add_argument("--seq", type=int_arg(1, 2**24), default=256)
+    p.add_argument(
+        "--batch", type=int_arg(1, 2**20), default=2, help="local batch: x 4 ranks = global"
+    )
     args = p.parse_args()
     tps: dict[int, list[float]] = {ep: [] for ep in DEGREES}
     rss: dict[int, list[float]] = {ep: [] for ep in DEGREES}

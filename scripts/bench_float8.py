@@ -22,7 +22,6 @@ Without torchao the float8 variants are left out (the table says so).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -33,6 +32,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, float_arg, int_arg  # noqa: E402
+
 TOML_8B = ROOT / "train_configs" / "llama_8b.toml"
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
 
@@ -144,21 +146,30 @@ def render(results: list[dict], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU rehearsal with the debug model")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
-    ap.add_argument("--seq-len", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int_arg(1, 10**9), default=30)
+    ap.add_argument(
+        "--warmup", type=int_arg(0, 10**9), default=10, help="steps left out of the medians"
+    )
+    ap.add_argument("--seq-len", type=int_arg(1, 2**24), default=8192)
+    ap.add_argument("--batch", type=int_arg(1, 2**20), default=1)
     ap.add_argument(
         "--memory-gib",
-        type=float,
+        type=float_arg(0, above=True),
         default=120.0,
         help="device memory to plan for (headroom left for the CUDA context)",
     )
-    ap.add_argument("--layers", type=int, default=None, help="blocks (default: most that fit)")
+    ap.add_argument(
+        "--layers", type=int_arg(1, 32), default=None, help="blocks (default: most that fit)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds per variant's run")
+    ap.add_argument(
+        "--timeout",
+        type=float_arg(0, 30 * 24 * 3600, above=True),
+        default=240,
+        help="seconds per variant's run",
+    )
     ap.add_argument(
         "--eager-only", action="store_true", help="leave the compiled variants out (rehearsals)"
     )

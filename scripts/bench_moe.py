@@ -12,7 +12,6 @@ the same function (the script checks the losses agree before timing).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.moe import GroupedExperts  # noqa: E402
 from models.qwen3 import FLAVORS, Qwen3  # noqa: E402
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 
 GROUPED = GroupedExperts.forward
 
@@ -54,14 +54,16 @@ def timed(model: Qwen3, tokens: torch.Tensor, steps: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--flavor", default="debugmodel_moe")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=3, help="steps per round and variant")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's choice)")
+    p.add_argument("--batch", type=int_arg(1, 2**20), default=8)
+    p.add_argument("--seq", type=int_arg(1, 2**24), default=256)
+    p.add_argument("--vocab", type=int_arg(1, 2**31 - 1), default=2048)
+    p.add_argument("--rounds", type=int_arg(1, 10**9), default=5)
+    p.add_argument("--steps", type=int_arg(1, 10**9), default=3, help="steps per round and variant")
+    p.add_argument(
+        "--threads", type=int_arg(0, 2**16), default=0, help="torch threads (0 = torch's choice)"
+    )
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
 
 # ~100M parameters with the bundled 512-token vocabulary: 14 blocks of dim 768 (the GPT-2 small
@@ -252,7 +255,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
@@ -262,21 +265,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--steps",
-        type=int,
+        type=int_arg(1, 10**9),
         default=None,
         help="timed steps per round and side (default: per workload, "
         + ", ".join(f"{k} {v[1]}" for k, v in WORKLOADS.items())
         + ")",
     )
-    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per side (default 3)")
+    ap.add_argument(
+        "--rounds", type=int_arg(1, 10**9), default=3, help="timed rounds per side (default 3)"
+    )
     # One step allocates everything (activations, Adam state, the first tokenized text);
     # from the second step on, a step is what every later step will be.
     ap.add_argument(
-        "--warmup", type=int, default=1, help="untimed steps per side first (default 1)"
+        "--warmup",
+        type=int_arg(1, 10**9),
+        default=1,
+        help="untimed steps per side first (default 1)",
     )
     ap.add_argument(
         "--threads",
-        type=int,
+        type=int_arg(1, 2**16),
         default=len(os.sched_getaffinity(0)),
         help="torch intra-op threads (default: the CPUs this process may use)",
     )
@@ -289,10 +297,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for flag in ("steps", "rounds", "warmup", "threads"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            ap.error(f"--{flag} must be >= 1")
     unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if unknown:
         ap.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")

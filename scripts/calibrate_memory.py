@@ -10,14 +10,13 @@ titanlite.planning.activation_memory predicts for the same shapes.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from models.llama import FLAVORS, Transformer, num_params
 from parallelisms.activation_checkpoint import apply_ac
+from titanlite.core.arguments import ArgumentParser
 from titanlite.planning.activation_memory import estimate_activations
 
 MODELS = {
@@ -69,7 +68,7 @@ def measure(model_name: str, ac: str) -> tuple[int, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--cases",
         default="debug:none,debug:full,debug:selective_op,debug:selective_2,"

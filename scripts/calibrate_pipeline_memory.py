@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 MIB = 2**20
 
 
@@ -112,10 +114,10 @@ def measure(schedule: str, local_batch: int, seq_len: int) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--schedules", nargs="+", default=["1F1B", "GPipe"])
-    p.add_argument("--local-batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--local-batch", type=int_arg(1, 2**20), default=8)
+    p.add_argument("--seq-len", type=int_arg(1, 2**24), default=256)
     a = p.parse_args()
     print(
         "| schedule | stage | measured saved peak (MiB) | predicted (MiB) | predicted / measured |"

@@ -42,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
 
 
@@ -264,25 +266,35 @@ def table(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--dim", type=int, default=1024)
-    ap.add_argument("--n-layers", type=int, default=24)
-    ap.add_argument("--n-heads", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=1, help="local batch size")
+    ap.add_argument("--dim", type=int_arg(1, 2**20), default=1024)
+    ap.add_argument("--n-layers", type=int_arg(1, 2**20), default=24)
+    ap.add_argument("--n-heads", type=int_arg(1, 2**20), default=16)
+    ap.add_argument("--seq-len", type=int_arg(1, 2**24), default=32)
+    ap.add_argument("--batch", type=int_arg(1, 2**20), default=1, help="local batch size")
     ap.add_argument(
         "--steps",
-        type=int,
+        type=int_arg(1, 10**9),
         default=3,
         help="K: steps timed during the async write, and before and after it (default 3)",
     )
     ap.add_argument(
-        "--threads", type=int, default=0, help="torch intra-op threads (default: torch's)"
+        "--threads",
+        type=int_arg(0, 2**16),
+        default=0,
+        help="torch intra-op threads (default: torch's)",
     )
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    ap.add_argument("--reps", type=int, default=2, help="repetitions; medians reported (default 2)")
+    ap.add_argument(
+        "--warmup", type=int_arg(0, 10**9), default=2, help="untimed steps first (default 2)"
+    )
+    ap.add_argument(
+        "--reps",
+        type=int_arg(1, 10**9),
+        default=2,
+        help="repetitions; medians reported (default 2)",
+    )
     ap.add_argument(
         "--warm-load",
         action="store_true",
@@ -296,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, default=None, help="write all figures here")
     a = ap.parse_args(argv)
-    if min(a.steps, a.reps) < 1 or min(a.warmup, a.threads) < 0:
-        ap.error("--steps and --reps must be >= 1, --warmup and --threads >= 0")
     res = run(a)
     print()
     print(table(res))

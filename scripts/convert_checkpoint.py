@@ -28,6 +28,8 @@ import torch
 from titanlite.components.checkpoint.folder import CheckpointError
 from titanlite.components.checkpoint.storage import load_full_state_dict, save_full_state_dict
 from titanlite.config.loader import ConfigError
+from titanlite.config.schema import SEQ_MAX
+from titanlite.core.arguments import ArgumentParser, int_arg
 from titanlite.core.dtypes import DTYPES
 from titanlite.core.errors import report
 
@@ -120,7 +122,12 @@ def size_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).upper() not in _UNITS:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a size such as 5GB, 500MB or 2GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    # A shard holds at least one byte; past a PiB (or past float range: 1e400 is inf) it is a
+    # typo, not a shard size.
+    if not 1 <= size <= 2**50:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a size from 1 byte to 1PiB")
+    return int(size)
 
 
 def _stderr(line: str) -> None:
@@ -128,7 +135,7 @@ def _stderr(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="convert_checkpoint", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="direction", required=True)
     p = sub.add_parser("dcp-to-torch", help="model weights (or everything) as one torch.save file")
     p.add_argument("--all", action="store_true", help="every key, not just the model")
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--max-position-embeddings",
-        type=int,
+        type=int_arg(1, SEQ_MAX),
         help="context length in config.json (default: the trained sequence length, "
         "or 131072 for a model with Llama 3.1 RoPE scaling)",
     )

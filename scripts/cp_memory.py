@@ -14,7 +14,6 @@ for "auto": each rank's peak is within 1/cp + 15% of the one-process peak.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,8 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 MIB = 2**20
 
 
@@ -96,10 +97,10 @@ def measure(cp: int, seq: int, batch: int, mask: str, attn: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--cps", type=int, nargs="+", default=[1, 2, 4])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int_arg(8, 2**24), default=4096)
+    parser.add_argument("--batch", type=int_arg(1, 2**20), default=1)
+    parser.add_argument("--cps", type=int_arg(1, 2**20), nargs="+", default=[1, 2, 4])
     parser.add_argument("--mask", choices=["causal", "block_causal"], default="causal")
     parser.add_argument(
         "--attn-types", nargs="+", choices=["auto", "sdpa"], default=["auto", "sdpa"]

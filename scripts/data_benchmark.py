@@ -24,7 +24,6 @@ import os
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers is imported anywhere
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -36,6 +35,8 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 CORPUS = ROOT / "titanlite" / "assets" / "corpus"
 
 
@@ -165,13 +166,16 @@ def bench_training(shards_dir: Path, work: Path, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--copies", type=int, default=30, help="copies of the bundled corpus to prepare"
+        "--copies",
+        type=int_arg(1, 10**6),
+        default=30,
+        help="copies of the bundled corpus to prepare",
     )
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reader-batches", type=int, default=2000)
-    ap.add_argument("--train-steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int_arg(1, 10**9), default=3)
+    ap.add_argument("--reader-batches", type=int_arg(1, 10**9), default=2000)
+    ap.add_argument("--train-steps", type=int_arg(2, 10**9), default=20)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     from titanlite.data.prepare import prepare

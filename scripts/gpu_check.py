@@ -64,7 +64,6 @@ every process it starts (torch, torchdata and tokenizers must be importable; wit
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -82,6 +81,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Run as a file, this process has scripts/ on its path, not the checkout it belongs to.
 sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 from titanlite.core.errors import USER_ERROR  # noqa: E402
 
 DEBUG_TOML = ROOT / "train_configs" / "debug_model.toml"
@@ -763,14 +763,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--grads-worker"]:
         return grads_worker(Path(argv[1]), argv[3:])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU/gloo rehearsal in tiny sizes")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "gpu_check")
     ap.add_argument(
         "--only", default=",".join(CHECKS), help=f"groups to run (default all: {','.join(CHECKS)})"
     )
-    ap.add_argument("--timeout", type=int, default=300, help="seconds per run before it fails")
-    ap.add_argument("--jobs", type=int, default=3, help="check groups run side by side")
+    ap.add_argument(
+        "--timeout",
+        type=int_arg(1, 30 * 24 * 3600),
+        default=300,
+        help="seconds per run before it fails",
+    )
+    ap.add_argument(
+        "--jobs", type=int_arg(1, 1024), default=3, help="check groups run side by side"
+    )
     ap.add_argument("--keep-runs", action="store_true", help="keep run folders under OUT/runs")
     args = ap.parse_args(argv)
     unknown = set(args.only.split(",")) - set(CHECKS)

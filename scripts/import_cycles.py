@@ -10,11 +10,13 @@ this says how many circles there are, before and after a change.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import grimp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from titanlite.core.arguments import ArgumentParser  # noqa: E402
 
 PACKAGES = ("titanlite", "models", "parallelisms")
 
@@ -72,10 +74,14 @@ def strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     args = parser.parse_args(argv)
     sys.path.insert(0, str(args.root))
+    # The parser's import loaded titanlite from this checkout; grimp finds an imported package
+    # by its module, so forget it: the packages grimp reads are those under --root.
+    for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
+        del sys.modules[name]
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     groups = strongly_connected(graph)
     for group in groups:

@@ -12,7 +12,6 @@ activations (tokens only). The dry run plans the same region with the family's f
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import torch
@@ -22,6 +21,7 @@ from models.llama import FLAVORS, Transformer
 from models.llama.estimate import activations
 from titanlite.components.loss import cross_entropy_sum
 from titanlite.components.nonfinite import NonFiniteGuard
+from titanlite.core.arguments import ArgumentParser
 from titanlite.trainer.train_step import TrainStep
 
 VOCABS = (64_128, 128_256)  # Llama 3's, and half of it
@@ -101,7 +101,7 @@ def loss_region(dtype: torch.dtype, vocabs=VOCABS, tokens=TOKENS, show=False) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     dtype = getattr(torch, parser.parse_args(argv).dtype)
     measured, formula = loss_region(dtype, show=True)

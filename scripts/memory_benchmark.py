@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import DEBUG_TOML, MODEL_100M  # noqa: E402  (the same ~100M model as there)
 
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 # layout name -> (world size, tensor-parallel degree); data_parallel_shard_degree is what is left.
 LAYOUTS: dict[str, tuple[int, int]] = {
     "fsdp1": (1, 1),
@@ -162,7 +164,7 @@ def run_layout(name: str, seq_len: int) -> list[dict[str, int]]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
@@ -173,7 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--seq-len",
-        type=int,
+        type=int_arg(1, 2**24),
         default=16,
         help="tokens in the one tiny batch (default 16; must divide by the TP degree)",
     )

@@ -14,7 +14,6 @@ median round (seconds per step), and 8 / 1 for both.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
@@ -25,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 CORPUS = ROOT / "titanlite" / "assets" / "corpus"
 SEQ_LEN, LOCAL_BATCH = 256, 8  # the debug config's shape
 
@@ -91,9 +92,9 @@ def measure(work: Path, rounds: int = 5, steps: int = 100) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=100)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int_arg(1, 10**9), default=5)
+    parser.add_argument("--steps", type=int_arg(1, 10**9), default=100)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:

@@ -11,7 +11,6 @@ The two runs go one after the other through ./run_train.sh (one process each).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -19,6 +18,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 MODES = ("expert_bias", "none")
 WINDOW = 20
 
@@ -91,8 +93,8 @@ def plot(curves: dict[str, list[dict[str, float]]], out: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=200)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int_arg(1, 10**9), default=200)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "moe_load_balance.png")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

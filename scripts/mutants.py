@@ -15,7 +15,6 @@ set took 11.2 minutes on 2 busy CPU cores, so it runs before each release rather
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -28,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
+
 LAYOUT = "tests/distributed/test_layout_parity.py::test_layout_matches_single_process"
 BF16 = "tests/distributed/test_layout_parity.py::test_bf16_layout_matches_single_process"
 SYNCS = (
@@ -414,10 +416,12 @@ def run_mutant(mutant: Mutant, timeout: int, working_tree: bool) -> tuple[str, f
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant")
+    parser.add_argument(
+        "--timeout", type=int_arg(1, 30 * 24 * 3600), default=900, help="seconds per mutant"
+    )
     parser.add_argument(
         "--working-tree", action="store_true", help="mutate uncommitted changes too, not HEAD"
     )

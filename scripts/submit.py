@@ -11,7 +11,6 @@ means CPU nodes (gloo, one rank per node). See docs/slurm.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -60,20 +59,22 @@ def sbatch_script(
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
+    from titanlite.config.schema import WORLD_MAX
+    from titanlite.core.arguments import ArgumentParser, int_arg
     from titanlite.core.errors import report
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="train_configs/llama_8b.toml")
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--ngpu", type=int, default=8, help="GPUs (ranks) per node; 0 = CPU nodes")
+    p.add_argument("--nodes", type=int_arg(1, WORLD_MAX), default=4)
+    p.add_argument(
+        "--ngpu", type=int_arg(0, 1024), default=8, help="GPUs (ranks) per node; 0 = CPU nodes"
+    )
     p.add_argument("--partition", default=None, help="default: the cluster's default partition")
     p.add_argument("--time", default="48:00:00", dest="time_limit")
     p.add_argument("--account", default=None)
     p.add_argument("--job-name", default="titanlite")
     p.add_argument("--no-submit", action="store_true", help="write the script, do not sbatch it")
     args, overrides = p.parse_known_args(argv)
-    if args.nodes < 1 or args.ngpu < 0:
-        return report("--nodes must be >= 1 and --ngpu >= 0")
 
     from titanlite.config import loader as config
     from titanlite.preflight import checks as preflight

@@ -50,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 # Also sets one tokenizer thread per process, as a rank with its cores busy would have.
 from data_benchmark import make_corpus  # noqa: E402
 
+from titanlite.core.arguments import ArgumentParser, float_arg, int_arg  # noqa: E402
+
 MODES = ("alone", "world_sync", "dp_thread")
 KEYS = ("tokens_tokenized_per_step", "first_wait_s", "wait_s_per_step", "data_share")
 
@@ -219,18 +221,18 @@ def train_table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--local-batch", type=int, default=8)
-    p.add_argument("--step-ms", type=float, default=20.0)
-    p.add_argument("--copies", type=int, default=20)
-    p.add_argument("--project", type=int, default=64, help="degree to project to")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--degrees", type=int_arg(1, 2**20), nargs="+", default=[1, 2, 4])
+    p.add_argument("--steps", type=int_arg(2, 10**9), default=300)
+    p.add_argument("--seq-len", type=int_arg(1, 2**24), default=256)
+    p.add_argument("--local-batch", type=int_arg(1, 2**20), default=8)
+    p.add_argument("--step-ms", type=float_arg(0, 1e3 * 30 * 24 * 3600), default=20.0)
+    p.add_argument("--copies", type=int_arg(1, 10**6), default=20)
+    p.add_argument("--project", type=int_arg(1, 2**24), default=64, help="degree to project to")
     p.add_argument("--train", metavar="REV", help="measure ./run_train.sh: REV against this tree")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--train-steps", type=int, default=40)
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--rounds", type=int_arg(1, 10**9), default=2)
+    p.add_argument("--train-steps", type=int_arg(2, 10**9), default=40)
+    p.add_argument("--nproc", type=int_arg(1, 2**24), default=2)
     p.add_argument("--json")
     args = p.parse_args()
     if args.train:

@@ -6,18 +6,21 @@ each step, relative to the peak, read back from the optimizer as TorchTitan's lo
     python scripts/torchtitan_lr_reference.py --check  # exit 1 if the test's rows differ
 
 The venv of ../shared/tools/torchtitan_cpu (`pip install torch==2.13.0 torchtitan==0.3.0`) has
-what it needs; titanlite itself is not imported, so any such venv will do.
+what it needs; of titanlite only its argument parser (standard library alone) is imported, from
+this checkout, so any such venv will do.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import math
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from titanlite.core.arguments import ArgumentParser  # noqa: E402
+
 TEST = ROOT / "tests" / "unit" / "components" / "test_optim.py"
 
 # (total steps, [lr_scheduler] keys in titanlite's spelling); the first is TorchTitan's
@@ -59,7 +62,7 @@ def rows_in_test() -> list[tuple[int, dict, list[float]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with the test's rows")
     args = parser.parse_args(argv)
     computed = [(total, keys, torchtitan_lrs(total, keys)) for total, keys in SCHEDULES]

@@ -10,9 +10,9 @@ script on an unchanged corpus has to reproduce tokenizer.json byte for byte.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 # Belt and braces: training was measured byte-identical with parallelism on
@@ -22,6 +22,9 @@ from pathlib import Path
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
@@ -56,12 +59,12 @@ def train(files: list[str], vocab_size: int) -> Tokenizer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=Path("titanlite/assets/corpus"))
     # 512: the debug model must visibly learn in a few dozen CPU steps; with a small vocabulary
     # it gets past unigram statistics within ~30 steps (with 2048 it is still at the unigram
     # plateau there: measured when this default was chosen).
-    parser.add_argument("--vocab-size", type=int, default=512)
+    parser.add_argument("--vocab-size", type=int_arg(256, 2**24), default=512)
     parser.add_argument(
         "--output", type=Path, default=Path("titanlite/assets/tokenizer/tokenizer.json")
     )

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from titanlite.config.schema import WORLD_MAX
+from titanlite.core.arguments import ArgumentParser, int_arg
 from titanlite.core.errors import report
 
 # The config run_train.sh uses when none is given.
@@ -46,15 +48,18 @@ def worker(ctx: dict[str, Any]) -> tuple[int, str]:
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="titanlite", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=DEFAULT_CONFIG, help="a path or a name in train_configs/")
     p.add_argument(
-        "--num-workers", type=int, required=True, help="ranks (one per GPU with --use-gpu)"
+        "--num-workers",
+        type=int_arg(1, WORLD_MAX),
+        required=True,
+        help="ranks (one per GPU with --use-gpu)",
     )
     p.add_argument("--use-gpu", action="store_true", help="one GPU per worker (NCCL)")
     p.add_argument(
         "--max-failures",
-        type=int,
+        type=int_arg(-1, 10**6),
         default=0,
         help="times Ray restarts the group after a worker fails (-1: always); it resumes from "
         "the latest checkpoint",
@@ -74,10 +79,6 @@ def _check(args: argparse.Namespace, overrides: list[str]) -> tuple[Any, list[st
     from titanlite.config import loader as config
     from titanlite.preflight import checks as preflight
 
-    if args.num_workers < 1:
-        raise config.ConfigError(f"--num-workers {args.num_workers}: expected at least 1")
-    if args.max_failures < -1:
-        raise config.ConfigError(f"--max-failures {args.max_failures}: expected -1 or more")
     job = config.load(["--config", args.config, *overrides])
     # Checked for the workers' device, not the driver's (often a GPU-less head node).
     preflight.check(job, args.num_workers, device="cuda" if args.use_gpu else "cpu")

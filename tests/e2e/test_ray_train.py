@@ -99,7 +99,7 @@ def test_two_ray_workers_match_torchrun_and_resume_after_one_is_killed(
 def test_mistakes_stop_in_the_driver_with_one_line_before_ray_starts(tmp_path):
     for extra, words in [
         (["--parallelism.tensor_parallel_degree", "3"], "tensor_parallel_degree"),
-        (["--num-workers", "0"], "--num-workers 0: expected at least 1"),
+        (["--num-workers", "0"], "argument --num-workers: 0: must be >= 1"),
     ]:
         proc = run_python(
             [

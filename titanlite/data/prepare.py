@@ -16,7 +16,6 @@ never mixed in: the tool refuses the folder.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import multiprocessing as mp
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from titanlite.core.arguments import ArgumentParser, float_arg, int_arg
 from titanlite.core.errors import report
 from titanlite.core.io import atomic_write_text, atomic_writer, file_crc32
 from titanlite.data.documents import DatasetError, SkippedRecords, list_files
@@ -370,14 +370,18 @@ def _manifest(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="prepare_data", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="prepare_data", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "inputs", nargs="*", type=Path, help=".txt/.py/.jsonl/.parquet files or folders"
     )
     ap.add_argument("--output", type=Path, help="folder for the shards and manifest")
     ap.add_argument("--tokenizer", default="", help="tokenizer.json (or folder); '' = built-in")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
-    ap.add_argument("--shard-mb", type=float, default=256, help="text per shard, MiB")
+    ap.add_argument(
+        "--workers", type=int_arg(1, 4096), default=os.cpu_count() or 1, help="processes"
+    )
+    ap.add_argument(
+        "--shard-mb", type=float_arg(0, 2**20, above=True), default=256, help="text per shard, MiB"
+    )
     ap.add_argument("--text-field", default="text", help="text field of .jsonl/.parquet records")
     ap.add_argument(
         "--hf-dataset",

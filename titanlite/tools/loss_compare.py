@@ -19,7 +19,6 @@ says whether the curves agree within the seed spread.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from titanlite.components.metrics.file import FILE, read_metrics
+from titanlite.config.schema import STEPS_MAX
+from titanlite.core.arguments import ArgumentParser, float_arg, int_arg
 from titanlite.core.errors import report
 from titanlite.tools.loss_plot import PlotError, plot
 from titanlite.tools.torchtitan_log import is_torchtitan_log, read_torchtitan_log
@@ -189,7 +190,7 @@ def _fmt(v: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="loss_compare", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="loss_compare", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "runs",
         nargs="+",
@@ -197,11 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--metrics", nargs="+", default=["loss"], help="metrics.jsonl keys")
     ap.add_argument("--assert-equal", action="store_true", help="exit 1 unless exactly equal")
-    ap.add_argument("--rtol", type=float, default=None, help="relative tolerance (implies a check)")
-    ap.add_argument("--atol", type=float, default=None, help="absolute tolerance (implies a check)")
+    ap.add_argument(
+        "--rtol", type=float_arg(0, 1e6), default=None, help="relative tolerance (implies a check)"
+    )
+    ap.add_argument(
+        "--atol", type=float_arg(0, 1e6), default=None, help="absolute tolerance (implies a check)"
+    )
     ap.add_argument("--plot", type=Path, help="draw the metrics of every run into this PNG")
-    ap.add_argument("--summary-steps", nargs="+", type=int, help="summarize the loss at these")
-    ap.add_argument("--tps-warmup", type=int, default=3, help="steps left out of median tps")
+    ap.add_argument(
+        "--summary-steps", nargs="+", type=int_arg(1, STEPS_MAX), help="summarize the loss at these"
+    )
+    ap.add_argument(
+        "--tps-warmup", type=int_arg(0, STEPS_MAX), default=3, help="steps left out of median tps"
+    )
     a = ap.parse_args(argv)
     if len(a.runs) < 2:
         ap.error("give at least two runs")
