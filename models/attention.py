@@ -204,8 +204,8 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:  # (tokens, heads, dim) -> (1
     return x.transpose(0, 1).unsqueeze(0)
 
 
-def _flash(q, k, v, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _cpu_flash(*(_heads_first(t) for t in (q, k, v)), 0.0, causal)
+def _flash(q, k, v, causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _cpu_flash(*(_heads_first(t) for t in (q, k, v)), 0.0, causal, scale=scale)
     return o[0].transpose(0, 1), lse[0]  # (tokens, heads, dim), (heads, tokens)
 
 
@@ -216,16 +216,18 @@ def document_attention(
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each piece of packed (tokens, heads, head_dim) queries to its keys and
     values (fewer heads for grouped-query attention), causal aligned at the bottom right (see
-    `Documents`) -> (output like q, log-sum-exp (heads, tokens) in float32)."""
+    `Documents`), softmax scale `scale` (None: 1/sqrt(head_dim)) -> (output like q, log-sum-exp
+    (heads, tokens) in float32)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     for p in _pieces(cu_seqlens_q, cu_seqlens_k):
-        o, l_own = _flash(q[p.queries], k[p.own], v[p.own], True)
+        o, l_own = _flash(q[p.queries], k[p.own], v[p.own], True, scale)
         if p.earlier.stop > p.earlier.start:
-            o_before, l_before = _flash(q[p.queries], k[p.earlier], v[p.earlier], False)
+            o_before, l_before = _flash(q[p.queries], k[p.earlier], v[p.earlier], False, scale)
             merged = torch.logaddexp(l_own, l_before)
             o = (
                 o.float() * (l_own - merged).exp().T[..., None]
@@ -238,16 +240,18 @@ def document_attention(
 
 
 @document_attention.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale=None):
     return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, *output)
+    ctx.save_for_backward(*inputs[:5], *output)
+    ctx.scale = inputs[5]
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    return (*_document_attention_backward(grad_out, *ctx.saved_tensors), None, None)
+    grads = _document_attention_backward(grad_out, *ctx.saved_tensors, ctx.scale)
+    return (*grads, None, None, None)
 
 
 @torch.library.custom_op("titanlite::document_attention_backward", mutates_args=())
@@ -260,6 +264,7 @@ def _document_attention_backward(
     cu_seqlens_k: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for p in _pieces(cu_seqlens_q, cu_seqlens_k):
@@ -272,6 +277,7 @@ def _document_attention_backward(
                 row_lse,
                 0.0,
                 causal,
+                scale=scale,
             )
             gq[rows] += grads[0][0].transpose(0, 1)
             gk[keys] = grads[1][0].transpose(0, 1)
@@ -280,7 +286,7 @@ def _document_attention_backward(
 
 
 @_document_attention_backward.register_fake
-def _(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse):
+def _(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, scale=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -290,19 +296,27 @@ document_attention.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------
 
 
-def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents) -> torch.Tensor:
+def _varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, scale: float | None
+) -> torch.Tensor:
     """(batch, heads, seq, head_dim) in and out, through the packed (tokens, heads, head_dim)
-    layout; the transposes undo the model's, so the reshapes are views. Under context parallel
+    layout; the transposes undo the model's, so the reshapes are views. Values narrower than
+    the queries and keys (multi-head latent attention: 128 against 192) are padded with zeros to
+    their width, since both flash kernels take one head size, and the output's padding is cut
+    off (the padding's share of the work: (qk - v) / qk of the value side). Under context parallel
     the keys and values are first gathered into each piece's rows (`docs.key_index`): a row is
     copied once per piece that sees it, at most (1 + 1/(2·cp)) x the sequence's keys with the
     head-tail cut, and the copy's gradient adds back into the gathered keys."""
     batch, heads, seq, dim = q.shape
+    value_dim = v.shape[-1]
+    if value_dim != dim:
+        v = F.pad(v, (0, dim - value_dim))
     pq, pk, pv = (t.transpose(1, 2).reshape(-1, t.shape[1], dim) for t in (q, k, v))
     if docs.key_index is not None:
         pk, pv = pk.index_select(0, docs.key_index), pv.index_select(0, docs.key_index)
     cu_q, cu_k = docs.cu_seqlens_q, docs.cu_seqlens_k
     if q.device.type == "cpu":
-        out = document_attention(pq, pk, pv, cu_q, cu_k)[0]
+        out = document_attention(pq, pk, pv, cu_q, cu_k, scale)[0]
     else:
         # Imported on first use: the module imports FSDP, which preflight never needs.
         from torch.nn.attention.varlen import varlen_attn
@@ -317,22 +331,27 @@ def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents) 
             cu_k,
             docs.max_q,
             docs.max_k,
+            scale=scale,
             window_size=(-1, 0),
             enable_gqa=k.shape[1] != heads,
         )
-    return out.view(batch, seq, heads, dim).transpose(1, 2)
+    out = out.view(batch, seq, heads, dim)[..., :value_dim]
+    return out.transpose(1, 2)
 
 
 _compiled_flex: Callable[..., torch.Tensor] | None = None
 
 
-def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
+def _flex(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask, scale: float | None
+) -> torch.Tensor:
     # Compiled once per process, lazily: uncompiled FlexAttention materializes the whole score
     # matrix (it exists for debugging), and compiling at import would cost every user of models/.
     global _compiled_flex
     if _compiled_flex is None:
         _compiled_flex = cast(Callable[..., torch.Tensor], torch.compile(flex_attention))
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+    gqa = k.shape[1] != q.shape[1]
+    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 # Masked SDPA on CUDA may only use the fused kernels that take a mask: the MATH fallback holds
@@ -340,13 +359,15 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMa
 _MASKED_CUDA_KERNELS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
 
-def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+def _masked_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+):
     gqa = k.shape[1] != q.shape[1]
     if q.device.type != "cuda":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, mask, scale=scale, enable_gqa=gqa)
     try:
         with sdpa_kernel(_MASKED_CUDA_KERNELS):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, mask, scale=scale, enable_gqa=gqa)
     except RuntimeError as e:
         if "No available kernel" not in str(e):
             raise
@@ -357,15 +378,23 @@ def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
         ) from None
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: AttentionMask,
+    scale: float | None = None,
+) -> torch.Tensor:
     """(batch, heads, seq, head_dim) queries, keys and values (fewer key/value heads for
-    grouped-query attention) -> the attention output, by the kind of `mask`: None (causal),
-    Documents (varlen), a BlockMask (FlexAttention) or a tensor (masked SDPA)."""
+    grouped-query attention; values may be narrower than queries and keys) -> the attention
+    output, by the kind of `mask`: None (causal), Documents (varlen), a BlockMask
+    (FlexAttention) or a tensor (masked SDPA). `scale`: the softmax scale, None for
+    1/sqrt(head_dim)."""
     if mask is None:
         gqa = k.shape[1] != q.shape[1]
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if isinstance(mask, Documents):
-        return _varlen(q, k, v, mask)
+        return _varlen(q, k, v, mask, scale)
     if isinstance(mask, BlockMask):
-        return _flex(q, k, v, mask)
-    return _masked_sdpa(q, k, v, mask)
+        return _flex(q, k, v, mask, scale)
+    return _masked_sdpa(q, k, v, mask, scale)

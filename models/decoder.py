@@ -218,6 +218,14 @@ class Decoder(nn.Module):
         (query positions, key positions): `x` holds the window's tokens at those query
         positions, and the attention kernel supplies the keys at those key positions (context
         parallel passes both)."""
+        h, _ = self.hidden_states(x, tokens, positions)
+        return self.output(h) if self.output is not None else h
+
+    def hidden_states(
+        self, x: torch.Tensor, tokens: torch.Tensor | None, positions: Positions | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, AttentionMask]]:
+        """`forward` up to the output head: the final norm's output (the last block's, in a
+        pipeline stage without the norm), and the (RoPE rows, mask) the blocks used."""
         if tokens is None and self.tok_embeddings is not None:
             tokens = x
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
@@ -234,7 +242,7 @@ class Decoder(nn.Module):
             h = layer(h, freqs, mask)
         if self.norm is not None:
             h = self.norm(h)
-        return self.output(h) if self.output is not None else h
+        return h, (freqs, mask)
 
     def _mask_without_ids(self) -> AttentionMask:
         if self.args.attn_mask_type != "causal" or self.args.attn_type == "flex":

@@ -68,12 +68,17 @@ class RMSNorm(nn.Module):
 class ScaledDotProductAttention(nn.Module):
     """The attention kernel on (batch, heads, seq, head_dim) queries, keys and values; a module of
     its own (no parameters) so that a parallelism can swap it (context parallel gathers the keys
-    and values of the whole sequence first)."""
+    and values of the whole sequence first). `scale`: the softmax scale, None for
+    1/sqrt(head_dim)."""
+
+    def __init__(self, scale: float | None = None):
+        super().__init__()
+        self.scale = scale
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask = None
     ) -> torch.Tensor:
-        return attend(q, k, v, mask)
+        return attend(q, k, v, mask, self.scale)
 
 
 class Attention(nn.Module):

@@ -4,8 +4,12 @@ grouped GEMMs, optional shared experts, and what load balancing needs.
 
 Routing. The router scores every expert (softmax, as Qwen3 and Mixtral; or sigmoid, as
 DeepSeek-V3), picks each token's top k, and weighs the chosen experts' outputs by their scores,
-renormalized to sum to 1 when `norm_topk_prob` (Qwen3's flag). No token is ever dropped: an
-expert computes every token routed to it.
+renormalized to sum to 1 when `norm_topk_prob` (Qwen3's flag), then multiplied by
+`routed_scaling_factor` (DeepSeek-V3's 2.5; 1 elsewhere). Group-limited routing (DeepSeek-V3's
+`n_group`, `topk_group`): the experts are `n_group` consecutive groups, a group's score is the
+sum of its two best (bias-steered) scores, and each token chooses its k experts among the
+experts of its `topk_group` best groups only (so that a token's experts sit on few nodes under
+expert parallel). No token is ever dropped: an expert computes every token routed to it.
 
 Compute. The token-expert pairs are sorted by expert (a stable sort, so the order is a function
 of the routing alone), each expert's rows are contiguous, and `torch._grouped_mm` runs all
@@ -30,6 +34,10 @@ Load balancing, chosen by `load_balance`:
   the model's output and the trainer's loss stay what they are for a dense model; its value is
   kept for the metrics.
 - "none".
+Besides either, `sequence_aux_coef` > 0 adds DeepSeek-V3's complementary sequence-wise balance
+loss (its eq. 17-20): coefficient x sum_e f_e * P_e per sequence, with f_e = E / (k T) x the
+tokens of the sequence routed to e and P_e the mean of e's score normalized over the experts
+(s / sum_j s_j); it is `sequence_aux_loss` on the normalized scores, divided by k.
 
 Statistics: each MoE layer adds its tokens-per-expert counts into `tokens_per_expert` (a
 buffer, never read by the host in the step) in training forwards (with autograd on: not a
@@ -66,10 +74,32 @@ class MoEArgs:
     load_balance: str = "aux_loss"
     aux_loss_coef: float = 1e-3
     bias_update_rate: float = 1e-3
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1  # expert groups for group-limited routing; 1 = none
+    topk_group: int = 1  # the groups each token's experts are chosen from
+    sequence_aux_coef: float = 0.0  # DeepSeek-V3's sequence-wise balance loss; 0 = off
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"top_k {self.top_k} must be in 1..num_experts ({self.num_experts})")
+        if self.n_group < 1 or self.num_experts % self.n_group:
+            raise ValueError(
+                f"n_group {self.n_group} must divide the {self.num_experts} experts into equal "
+                "groups"
+            )
+        if not 0 < self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group {self.topk_group} must be in 1..n_group ({self.n_group})")
+        per_group = self.num_experts // self.n_group
+        if self.n_group > 1 and per_group < 2:
+            raise ValueError(
+                f"n_group {self.n_group} leaves {per_group} expert per group; a group's score "
+                "is its two best experts'"
+            )
+        if self.n_group > 1 and self.top_k > self.topk_group * per_group:
+            raise ValueError(
+                f"top_k {self.top_k} is more than the {self.topk_group} x {per_group} experts "
+                "of the groups a token may use"
+            )
         if self.score_func not in SCORE_FUNCS:
             raise ValueError(f"score_func {self.score_func!r}: one of {SCORE_FUNCS}")
         if self.load_balance not in LOAD_BALANCE:
@@ -93,11 +123,24 @@ class TopKRouter(nn.Module):
         logits = self.gate(x).float()
         scores = logits.softmax(-1) if a.score_func == "softmax" else logits.sigmoid()
         steered = scores + self.expert_bias if a.load_balance == "expert_bias" else scores
+        if a.n_group > 1:
+            steered = self._within_best_groups(steered)
         chosen = steered.topk(a.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if a.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
+        if a.routed_scaling_factor != 1.0:
+            weights = weights * a.routed_scaling_factor
         return weights.to(x.dtype), chosen, scores
+
+    def _within_best_groups(self, steered: torch.Tensor) -> torch.Tensor:
+        """The scores with every expert outside the token's topk_group best groups at -inf."""
+        a = self.args
+        grouped = steered.view(-1, a.n_group, a.num_experts // a.n_group)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (tokens, n_group)
+        best = group_scores.topk(a.topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).reshape(steered.shape)
 
     def init_weights(self, key: str, seed: int) -> None:
         fill_trunc_normal_(self.gate.weight, 0.02, seed, f"{key}.gate")
@@ -206,15 +249,33 @@ class MoE(nn.Module):
         routed = self.experts(flat[order // k], counts) * weights.flatten()[order, None]
         by_slot = torch.empty_like(routed).index_copy(0, order, routed)
         out = by_slot.view(-1, k, dim).sum(1)
-        if self.args.load_balance == "aux_loss" and torch.is_grad_enabled():
-            sequences = batch_shape[0] if x.dim() == 3 else 1
-            aux = sequence_aux_loss(scores, chosen, sequences, self.sequence_mean)
-            self.last_aux_loss = aux.detach()
-            share = sequences / self.sequences_per_step
-            out = _AttachAuxLoss.apply(out, aux, self.args.aux_loss_coef * share)
+        if torch.is_grad_enabled():
+            out = self._attach_balance_losses(
+                out, scores, chosen, batch_shape[0] if x.dim() == 3 else 1
+            )
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(batch_shape)
+
+    def _attach_balance_losses(
+        self, out: torch.Tensor, scores: torch.Tensor, chosen: torch.Tensor, sequences: int
+    ) -> torch.Tensor:
+        """`out`, carrying in its backward the auxiliary losses the args ask for; their sum,
+        before the coefficients, is kept (`last_aux_loss`) for the metrics."""
+        a, share = self.args, sequences / self.sequences_per_step
+        losses = []
+        if a.load_balance == "aux_loss":
+            aux = sequence_aux_loss(scores, chosen, sequences, self.sequence_mean)
+            losses.append((aux, a.aux_loss_coef))
+        if a.sequence_aux_coef:
+            normalized = scores / scores.sum(-1, keepdim=True)
+            aux = sequence_aux_loss(normalized, chosen, sequences, self.sequence_mean) / a.top_k
+            losses.append((aux, a.sequence_aux_coef))
+        for aux, coef in losses:
+            out = _AttachAuxLoss.apply(out, aux, coef * share)
+        if losses:
+            self.last_aux_loss = sum(aux.detach() for aux, _ in losses)
+        return out
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:
         self.router.init_weights(f"{key}.router", seed)

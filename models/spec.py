@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -34,6 +34,25 @@ class ModelArgs(Protocol):
     def to_dict(self) -> dict[str, object]: ...  # what a checkpoint's manifest records
 
     def check(self) -> None: ...  # ValueError naming the first shape constraint broken
+
+
+class ArgsRecord:
+    """What every family's frozen args dataclass does alike: its manifest record, read back
+    (unknown fields named), and overrides where they are not None."""
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able data (what a checkpoint's manifest records)."""
+        return {f.name: getattr(self, f.name) for f in fields(cast(Any, self))}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Any:
+        unknown = sorted(set(d) - {f.name for f in fields(cast(Any, cls))})
+        if unknown:
+            raise ValueError(f"unknown model argument(s) {', '.join(unknown)}")
+        return cls(**d)
+
+    def with_overrides(self, **overrides: Any) -> Any:
+        return replace(cast(Any, self), **{k: v for k, v in overrides.items() if v is not None})
 
 
 class TrainableModel(Protocol):

@@ -93,10 +93,11 @@ class ContextParallelAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
         # (batch, heads, seq / cp, head_dim) -> (batch, heads, seq, head_dim), in rank order;
         # autograd reduce-scatters the gradients back to the rank that owns each key. One
-        # collective for both: k and v side by side along the heads.
-        heads = k.shape[1]
-        kv = funcol.all_gather_single(torch.cat([k, v], dim=1).contiguous(), 2, self.group)
-        return self.local(q, kv[:, :heads], kv[:, heads:], mask)
+        # collective for both: k and v side by side along the last dim (k and v have as many
+        # heads, and a value may be narrower than a key: multi-head latent attention).
+        width = k.shape[-1]
+        kv = funcol.all_gather_single(torch.cat([k, v], dim=-1).contiguous(), 2, self.group)
+        return self.local(q, kv[..., :width], kv[..., width:], mask)
 
 
 def apply_cp(model: nn.Module, blocks: list[nn.Module], shards: SequenceShards) -> None:

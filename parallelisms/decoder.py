@@ -50,8 +50,11 @@ def parallelize_decoder(
     *,
     apply_tp: TPPlan,
     tied_embeddings: bool = False,
+    extra_units: list[nn.Module] | None = None,
 ) -> ConversionPlan | None:
-    """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
+    """Parallelize `model` in place; returns the float8 conversion plan when float8 is on.
+    `extra_units`: modules outside `layers` that are FSDP units of their own after the blocks
+    (DeepSeek-V3's MTP modules); the family's TP plan covers them."""
     float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
     layers = cast(nn.ModuleDict, model.layers)
     experts: list[nn.Module] = [moe.experts for _, moe in moe_layers(model)]
@@ -98,7 +101,7 @@ def parallelize_decoder(
             )
         apply_fsdp(
             model,
-            list(layers.values()),
+            list(layers.values()) + list(extra_units or []),
             meshes.get("fsdp"),
             param_dtype=opts.param_dtype,
             reduce_dtype=opts.reduce_dtype,

@@ -38,20 +38,7 @@ def apply_decoder_tp(
 ) -> None:
     """Apply the plan to a decoder (tok_embeddings, layers, norm, output). `qk_norm`: the
     blocks' attention has per-head `q_norm` / `k_norm` (see below)."""
-    plan = {
-        "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
-            use_local_output=not loss_parallel_enabled,
-        ),
-    }
-    # A pipeline stage has only some of these; between stages the hidden states travel as each
-    # tp rank's sequence shard, which is what the next stage's first block takes.
-    present = {name: style for name, style in plan.items() if getattr(model, name) is not None}
-    if present:
-        parallelize_module(model, tp_mesh, present)
+    apply_outer_tp(model, tp_mesh, loss_parallel_enabled=loss_parallel_enabled)
     for block in blocks:
         colwise, rowwise, prepare_input = tp_styles(block, float8_all_gather)
         block_plan = {
@@ -67,16 +54,49 @@ def apply_decoder_tp(
             "attention.wk": colwise(),
             "attention.wv": colwise(),
             "attention.wo": rowwise(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
         }
-        ffn = block.feed_forward
-        if not isinstance(ffn, MoE):
-            block_plan |= _feed_forward(colwise, rowwise, prepare_input)
         if qk_norm:
             block_plan |= _qk_norms()
-        parallelize_module(block, tp_mesh, block_plan)
-        if isinstance(ffn, MoE):  # token-wise on the sequence shard, parameters replicated
-            apply_moe_tp(ffn, tp_mesh)
+        apply_block_tp(block, tp_mesh, block_plan, colwise, rowwise, prepare_input)
+
+
+def apply_outer_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel_enabled: bool) -> None:
+    """The plan outside the blocks: the embedding's output sharded on the sequence, the final
+    norm on its shard, the head column-wise (vocabulary-sharded logits under loss parallel)."""
+    plan = {
+        "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel_enabled else Replicate(),
+            use_local_output=not loss_parallel_enabled,
+        ),
+    }
+    # A pipeline stage has only some of these; between stages the hidden states travel as each
+    # tp rank's sequence shard, which is what the next stage's first block takes.
+    present = {name: style for name, style in plan.items() if getattr(model, name) is not None}
+    if present:
+        parallelize_module(model, tp_mesh, present)
+
+
+def apply_block_tp(
+    block: nn.Module,
+    tp_mesh: DeviceMesh,
+    attention_plan: dict[str, ParallelStyle],
+    colwise: type,
+    rowwise: type,
+    prepare_input: type,
+) -> None:
+    """A pre-norm block (models/decoder.py DecoderBlock): the family's attention plan (its
+    norm included), the feed-forward's norm on the sequence shard, and the feed-forward: a
+    SwiGLU column- then row-wise, or an MoE token-wise with its parameters replicated."""
+    plan = {**attention_plan, "ffn_norm": SequenceParallel()}
+    ffn = block.get_submodule("feed_forward")
+    if not isinstance(ffn, MoE):
+        plan |= _feed_forward(colwise, rowwise, prepare_input)
+    parallelize_module(block, tp_mesh, plan)
+    if isinstance(ffn, MoE):  # token-wise on the sequence shard, parameters replicated
+        apply_moe_tp(ffn, tp_mesh)
 
 
 def _feed_forward(colwise: type, rowwise: type, prepare_input: type) -> dict[str, ParallelStyle]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -41,3 +42,20 @@ def compute_on_local_params(
 
     module.register_forward_pre_hook(swap)
     module.register_forward_hook(restore, always_call=True)
+
+
+class SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; the backward all-reduces the gradient over `group`: for a tensor each
+    rank uses only part of (its own tokens, or its own heads), whose gradient is the sum of the
+    ranks' parts."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None

@@ -7,7 +7,7 @@ forward but the auxiliary loss's (below), nothing to all-gather or reduce-scatte
 
 Gradients. The replicated parameters are DTensors (Replicate) on the tp mesh, like the norms'
 weights, so FSDP shards them over the data-parallel mesh as it does any 2-D parameter. During the
-MoE's forward each is swapped for its local tensor through `_SumOverTp`: identity forward, and a
+MoE's forward each is swapped for its local tensor through `SumGradOverGroup`: identity forward, and a
 backward that all-reduces the gradient over tp, since each tp rank saw other tokens (q/k norms in
 parallelisms/decoder_tp.py get the same sum from DTensor itself).
 
@@ -21,14 +21,12 @@ the tp ranks (parallelisms/moe_sequences.py).
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from models.moe import MoE
-from parallelisms.local_params import compute_on_local_params
+from parallelisms.local_params import SumGradOverGroup, compute_on_local_params
 from parallelisms.moe_sequences import complete_sequences_over
 
 
@@ -47,18 +45,5 @@ def apply_moe_tp(moe: MoE, tp_mesh: DeviceMesh) -> None:
             replicated.append((module, name))
     complete_sequences_over(moe, group, grads_summed=True)
     compute_on_local_params(
-        moe, replicated, lambda param: _SumOverTp.apply(param.to_local(), group)
+        moe, replicated, lambda param: SumGradOverGroup.apply(param.to_local(), group)
     )
-
-
-class _SumOverTp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return local.view_as(local)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None

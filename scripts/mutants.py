@@ -31,6 +31,10 @@ sys.path.insert(0, str(ROOT))
 from titanlite.core.arguments import ArgumentParser, int_arg  # noqa: E402
 
 LAYOUT = "tests/distributed/test_layout_parity.py::test_layout_matches_single_process"
+DEEPSEEK_HF = (
+    "tests/unit/models/deepseek_v3/test_deepseek_v3_hf.py::"
+    "test_a_transformers_folder_imports_with_its_logits[q_latent]"
+)
 BF16 = "tests/distributed/test_layout_parity.py::test_bf16_layout_matches_single_process"
 SYNCS = (
     "tests/distributed/test_layout_parity.py::"
@@ -239,8 +243,8 @@ MUTANTS = [
         "loss_scale_read_on_host",
         "the loss scale's token count read by the host, as before",
         "titanlite/trainer/train_step.py",
-        "self.global_sum(torch.as_tensor(counted)).clamp_min(1)",
-        "max(int(self.global_sum(torch.as_tensor(counted))), 1)",
+        "self.global_sum(counted).clamp_min(1)",
+        "torch.tensor(self.global_sum(counted).clamp_min(1).tolist())",
         (SYNCS,),
     ),
     Mutant(
@@ -309,8 +313,8 @@ MUTANTS = [
         "moe_tp_grads_not_summed",
         "the MoE's replicated experts keep each tp rank's own gradient",
         "parallelisms/moe_tp.py",
-        "        dist.all_reduce(grad, group=ctx.group)\n",
-        "",
+        "lambda param: SumGradOverGroup.apply(param.to_local(), group)",
+        "lambda param: param.to_local()",
         _layout("qwen3_moe_tp2"),
     ),
     Mutant(
@@ -355,6 +359,58 @@ MUTANTS = [
             "tests/unit/models/qwen3/test_qwen3_hf.py::"
             "test_a_moe_folder_with_an_integer_expert_is_refused_in_one_line",
         ),
+    ),
+    # DeepSeek-V3 (issue 47): what a reimplementation of MLA, DeepSeekMoE and MTP gets wrong.
+    Mutant(
+        "mla_rope_on_the_nope_part",
+        "RoPE rotates the first qk_rope_head_dim entries of each query head, not its last",
+        "models/deepseek_v3/attention.py",
+        "q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)",
+        "q_rope, q_nope = q.split([self.rope, self.nope], dim=-1)",
+        (DEEPSEEK_HF,),
+    ),
+    Mutant(
+        "mla_softmax_scale_of_the_nope_width",
+        "the softmax scale is 1/sqrt(qk_nope_head_dim), not 1/sqrt(qk_nope + qk_rope)",
+        "models/deepseek_v3/args.py",
+        "scale = self.qk_head_dim**-0.5",
+        "scale = self.qk_nope_head_dim**-0.5",
+        (DEEPSEEK_HF,),
+    ),
+    Mutant(
+        "group_routing_over_strided_groups",
+        "expert groups are every n_group-th expert instead of consecutive experts",
+        "models/moe.py",
+        "grouped = steered.view(-1, a.n_group, a.num_experts // a.n_group)",
+        "grouped = steered.view(-1, a.num_experts // a.n_group, a.n_group).transpose(1, 2)",
+        (DEEPSEEK_HF,),
+    ),
+    Mutant(
+        "shared_experts_dropped",
+        "the MoE's shared experts are left out of its output",
+        "models/moe.py",
+        "            out = out + self.shared_experts(flat)\n",
+        "            pass\n",
+        (DEEPSEEK_HF,),
+    ),
+    Mutant(
+        "mtp_shift_off_by_one",
+        "MTP depth k embeds the token k - 1 ahead (the input itself at depth 1), not k ahead",
+        "models/deepseek_v3/model.py",
+        "self.tok_embeddings(shift_left(x, k, 0))",
+        "self.tok_embeddings(shift_left(x, k - 1, 0))",
+        (
+            "tests/unit/models/deepseek_v3/test_deepseek_v3_hf.py::"
+            "test_the_mtp_module_equals_transformers_and_its_loss_is_the_shifted_cross_entropy",
+        ),
+    ),
+    Mutant(
+        "mla_rope_key_grad_not_summed_over_tp",
+        "each tp rank keeps its own heads' share of the shared RoPE key's gradient",
+        "parallelisms/deepseek_v3/tensor_parallel.py",
+        "(SumGradOverGroup.apply(args[0], group), *args[1:])",
+        "(args[0], *args[1:])",
+        _layout("deepseek_tp2"),
     ),
 ]
 

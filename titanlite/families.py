@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from models import ModelSpec, llama, qwen3
+from models import ModelSpec, deepseek_v3, llama, qwen3
 from models.spec import Estimator, HFAdapter
 from parallelisms import Meshes, ParallelDims, ParallelizeOptions
 from parallelisms.float8 import ConversionPlan
@@ -65,6 +65,14 @@ def _parallelize_qwen3(
     return parallelize_qwen3(model, dims, meshes, opts)
 
 
+def _parallelize_deepseek_v3(
+    model: nn.Module, dims: ParallelDims, meshes: Meshes, opts: ParallelizeOptions
+) -> ConversionPlan | None:
+    from parallelisms.deepseek_v3 import parallelize_deepseek_v3
+
+    return parallelize_deepseek_v3(model, dims, meshes, opts)
+
+
 def _stage_models(model: nn.Module, blocks: list[list[int]], ids: list[int]) -> list[nn.Module]:
     from parallelisms.pipeline import stage_models
 
@@ -76,6 +84,13 @@ FAMILIES: dict[str, ModelFamily] = {
     for f in (
         ModelFamily(llama.SPEC, _parallelize_llama, _stage_models, llama.ESTIMATOR, llama.HF),
         ModelFamily(qwen3.SPEC, _parallelize_qwen3, _stage_models, qwen3.ESTIMATOR, qwen3.HF),
+        ModelFamily(
+            deepseek_v3.SPEC,
+            _parallelize_deepseek_v3,
+            _stage_models,
+            deepseek_v3.ESTIMATOR,
+            deepseek_v3.HF,
+        ),
     )
 }
 # The family of a manifest or config that names none (config/schema.py's default model.name).

@@ -4,11 +4,11 @@ Hugging Face hub; the same names as TorchTitan's qwen3 flavors) and Mixture-of-E
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from models.decoder import check_attention_args
 from models.moe import MoEArgs
+from models.spec import ArgsRecord
 
 # The published embeddings' rows: Qwen3's tokenizer has 151,669 tokens, padded to 151,936 rows (the
 # rows past the tokenizer are never an input; their logits learn to stay low).
@@ -16,7 +16,7 @@ QWEN3_VOCAB = 151_936
 
 
 @dataclass(frozen=True)
-class Qwen3Args:
+class Qwen3Args(ArgsRecord):
     dim: int = 4096
     n_layers: int = 36
     n_heads: int = 32
@@ -73,20 +73,6 @@ class Qwen3Args:
             aux_loss_coef=self.moe_aux_loss_coef,
             bias_update_rate=self.moe_bias_update_rate,
         )
-
-    def to_dict(self) -> dict[str, object]:
-        """Plain JSON-able data (what a checkpoint's manifest records)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Qwen3Args:
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown model argument(s) {', '.join(unknown)}")
-        return cls(**d)
-
-    def with_overrides(self, **overrides: Any) -> Qwen3Args:
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def check(self) -> None:
         """Shape constraints that the model itself needs; ValueError names the broken one."""

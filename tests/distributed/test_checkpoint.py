@@ -39,6 +39,8 @@ QWEN3_MOE_BIAS += (
     "0.01",
 )
 
+DEEPSEEK = ("--model.name", "deepseek_v3", "--model.moe_bias_update_rate", "0.01")
+
 
 def _run_args(layout: str, steps: int, interval: int, *extra: str) -> list[str]:
     return [
@@ -82,6 +84,9 @@ SAVES = {
     # Expert parallel: the experts split over 2 ranks in the checkpoint; its last save is also
     # exported to Hugging Face by the ranks.
     "moe_ep2": ("ep2", 6, 3, (*QWEN3_MOE_BIAS, "--checkpoint.last_save_in_hf")),
+    # DeepSeek-V3 on EP 4: its MTP module and expert biases (the MTP block's too) resume
+    # bit-exactly and reshard to one process.
+    "moe_deepseek_ep4": ("ep4", 6, 3, DEEPSEEK),
 }
 SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
@@ -109,6 +114,8 @@ RESUMES = {
     "moe_ep2_to_ep2_fsdp4": ("moe_ep2", 3, "ep2_fsdp4", 6, 3),
     "moe_ep2_to_fsdp2": ("moe_ep2", 3, "fsdp2", 6, 3),
     "moe_ep2_to_one": ("moe_ep2", 3, "one", 6, 3),
+    "moe_deepseek_resumed_ep4": ("moe_deepseek_ep4", 3, "ep4", 6, 3),
+    "moe_deepseek_ep4_to_one": ("moe_deepseek_ep4", 3, "one", 6, 3),
 }
 
 

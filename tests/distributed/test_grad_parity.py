@@ -33,6 +33,7 @@ TIED = {"tie_word_embeddings": True}
 # 8 experts, 2 per token, with the aux loss (weighed as the trainer weighs it); under TP the
 # experts are replicated and each rank routes its sequence shard (parallelisms/moe_tp.py).
 QWEN3_MOE = {"family": "qwen3", "flavor": "debugmodel_moe"}
+DEEPSEEK = {"family": "deepseek_v3", "model": {"mtp_depth": 0}}
 WORLD2 = {
     "fsdp2": {"dp_shard": 2},
     "ddp2": {"dp_replicate": 2},
@@ -60,6 +61,11 @@ WORLD2 = {
     # and tied FSDP 2, dense and MoE, are in test_layout_parity.py, step-1 gradients included.
     "qwen3_tied_tp2": {"family": "qwen3", "tp": 2, "model": TIED},
     "qwen3_cp2_documents": {"family": "qwen3", "cp": 2, "model": DOCUMENTS},
+    # DeepSeek-V3 (MLA: values narrower than keys, padded for the varlen kernel; the all-gather
+    # carries keys and values side by side), causal and with documents; no MTP under cp.
+    "deepseek_cp2": {**DEEPSEEK, "cp": 2},
+    "deepseek_cp2_documents": {**DEEPSEEK, "cp": 2, "model": {**DEEPSEEK["model"], **DOCUMENTS}},
+    "deepseek_tp2_no_q_latent": {**DEEPSEEK, "tp": 2, "model": {"mtp_depth": 0, "q_lora_rank": 0}},
 }
 WORLD4 = {
     "fsdp4": {"dp_shard": 4},

@@ -174,7 +174,11 @@ class FirstStepRouting:
         """Every rank's {tp, cp (its ranks on those meshes), inputs, chosen}. Collective."""
         for handle in self.handles:
             handle.remove()
-        if not self.handles:
+        # Collective whatever this rank holds: a pipeline stage of dense blocks has no router
+        # while the next stage's has (DeepSeek-V3's dense first block).
+        has_router = torch.tensor([len(self.handles)])
+        dist.all_reduce(has_router)
+        if not has_router.item():
             return None
         meshes = trainer.meshes
         mine = {
@@ -234,7 +238,10 @@ def run_job(argv: list[str], record: bool, on_trainer=None, probe: bool = False)
         first = FirstStepGradients(trainer)
         if record:
             trainer.train_step = first  # type: ignore[assignment]
-            first.routing = FirstStepRouting(trainer.model)
+            # A hook inside a block compiled whole (fullgraph) cannot run: compiled layouts
+            # are compared by their gradients and weights only.
+            if not job.training.compile or trainer.meshes.ep is not None:
+                first.routing = FirstStepRouting(trainer.model)
         records = trainer.train()
         result["tokens_seen"] = trainer.train_state.tokens_seen
         result["losses"] = [r["loss"] for r in records]
@@ -246,7 +253,7 @@ def run_job(argv: list[str], record: bool, on_trainer=None, probe: bool = False)
             result["grads"], result["grads_differ"] = first.grads, first.differ
             result["weights"], result["weights_differ"] = full_tensors(trainer.model, "param")
             result.update(layout_facts(trainer.model, first.step.sequence_shards))
-            result["routing"] = first.routing.gathered(trainer)
+            result["routing"] = first.routing.gathered(trainer) if first.routing else None
         return result
     finally:
         trainer.close()

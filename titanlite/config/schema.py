@@ -87,7 +87,7 @@ class Metrics:
 
 @dataclass
 class Model:
-    name: str = opt("llama3", "model family", choices=["llama3", "qwen3"])
+    name: str = opt("llama3", "model family", choices=["llama3", "qwen3", "deepseek_v3"])
     flavor: str = opt("debugmodel", "named size within the family")
     tokenizer_path: str = opt("", "tokenizer.json (Hugging Face tokenizers); '' = built-in")
     converters: list[str] = opt(
@@ -138,6 +138,54 @@ class Model:
     )
     moe_aux_loss_coef: float | None = opt(None, "MoE auxiliary loss coefficient", min=0.0)
     moe_bias_update_rate: float | None = opt(None, "MoE expert-bias step per update", min=0.0)
+    moe_routed_scaling_factor: float | None = opt(
+        None, "MoE: the routed experts' weights are multiplied by this (DeepSeek-V3: 2.5)", min=0.0
+    )
+    moe_n_group: int | None = opt(
+        None,
+        "MoE group-limited routing: expert groups (DeepSeek-V3: 8; 1 = none)",
+        min=1,
+        max=WIDTH_MAX,
+    )
+    moe_topk_group: int | None = opt(
+        None,
+        "MoE group-limited routing: the groups a token's experts come from",
+        min=1,
+        max=WIDTH_MAX,
+    )
+    moe_seq_aux_loss_coef: float | None = opt(
+        None, "MoE: DeepSeek-V3's sequence-wise balance loss coefficient; 0 = off", min=0.0
+    )
+    # DeepSeek-V3 (docs/architecture.md): multi-head latent attention and multi-token prediction.
+    q_lora_rank: int | None = opt(
+        None,
+        "MLA query latent width; 0 = queries straight from the hidden state",
+        min=0,
+        max=WIDTH_MAX,
+    )
+    kv_lora_rank: int | None = opt(None, "MLA key/value latent width", min=1, max=WIDTH_MAX)
+    qk_nope_head_dim: int | None = opt(
+        None, "MLA query/key width without RoPE", min=1, max=WIDTH_MAX
+    )
+    qk_rope_head_dim: int | None = opt(
+        None,
+        "MLA rotated query/key width (one rotated key shared by the heads)",
+        min=2,
+        max=WIDTH_MAX,
+    )
+    v_head_dim: int | None = opt(None, "MLA value width", min=1, max=WIDTH_MAX)
+    first_k_dense_replace: int | None = opt(
+        None, "dense blocks before the MoE blocks (DeepSeek-V3: 3)", min=0, max=WIDTH_MAX
+    )
+    mtp_depth: int | None = opt(
+        None, "multi-token prediction modules (DeepSeek-V3: 1; 0 = off)", min=0, max=64
+    )
+    mtp_loss_weight: float | None = opt(
+        None, "weight of the MTP modules' mean loss in the objective (DeepSeek-V3: 0.3)", min=0.0
+    )
+    rope_factor: float | None = opt(
+        None, "YaRN context extension factor (DeepSeek-V3: 40; 1 = plain RoPE)", min=1.0
+    )
 
 
 @dataclass

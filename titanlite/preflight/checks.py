@@ -162,6 +162,12 @@ def check_parallelism(
         compile=t.compile,
         num_experts=moe.num_experts if (moe := getattr(args, "moe", None)) else 0,
     )
+    family_limits = getattr(args, "check_parallelism", None)  # what a family cannot run
+    if family_limits is not None:
+        try:
+            family_limits(pp=dims.pp, cp=dims.cp)
+        except ValueError as e:
+            raise LayoutError(str(e)) from None
     if (v_seq := job.validation.enabled and job.validation.seq_len) and v_seq % dims.tp:
         raise LayoutError(
             f"validation.seq_len = {v_seq} is not divisible by tensor_parallel_degree = "

@@ -6,6 +6,11 @@ it builds and the loop calls whichever it got.
 Every counted target of the global batch weighs 1 / (their global number). Gradients are
 averaged over the ranks holding different tokens (FSDP over dp_shard x cp, DDP), hence the
 factor `loss_ranks`.
+
+Multi-token prediction (a model with `mtp_targets`, DeepSeek-V3): each depth's targets are
+counted globally as the main ones are (one collective for all), each depth's loss is its mean
+over them, and the objective adds `mtp_loss_weight` x the mean over depths (DeepSeek-V3's
+lambda / D x sum_k L_k), logged apart as `loss_mtp`.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class StepOutput(NamedTuple):
     loss: torch.Tensor  # this rank's share: the mean over data-parallel ranks is the step's loss
     grad_norm: torch.Tensor
     lr: float  # the LR the step used
+    mtp_loss: torch.Tensor | None = None  # as `loss`, the MTP depths' mean; None without MTP
 
 
 class TrainStep:
@@ -76,17 +82,34 @@ class TrainStep:
         self.params = [q for q in model.parameters() if q.requires_grad]
         self.has_moe = any(True for _ in moe_layers(model))
         self.expert_load_sum = expert_load_sum or global_sum
+        # A family with multi-token prediction: labels -> each depth's targets.
+        self.mtp_targets: Callable[[torch.Tensor], list[torch.Tensor]] | None = getattr(
+            model, "mtp_targets", None
+        )
+        self.mtp_weight = float(getattr(getattr(model, "args", None), "mtp_loss_weight", 0.0))
 
     def __call__(self, microbatches: list[Microbatch]) -> StepOutput:
         self.optimizer.zero_grad(set_to_none=True)
         batches = [local_batch(self.sequence_shards, x, y) for x, y in microbatches]
-        counted = sum((labels != IGNORE_INDEX).sum() for *_, labels in batches)
-        # A device tensor, never read by the host: the step runs without a device sync.
-        global_counted = self.global_sum(torch.as_tensor(counted)).clamp_min(1)
-        scale = self.loss_ranks / global_counted
+        targets = [
+            [labels, *(self.mtp_targets(labels) if self.mtp_targets else [])]
+            for *_, labels in batches
+        ]
+        counted = torch.stack(
+            [sum((t != IGNORE_INDEX).sum() for t in depth) for depth in zip(*targets)]
+        )
+        # Device tensors, never read by the host: the step runs without a device sync.
+        scales = self.loss_ranks / self.global_sum(counted).clamp_min(1)
         loss_sum = torch.zeros((), device=self.device)
-        for i, batch in enumerate(batches):
-            loss_sum += self.forward_backward(batch, scale, last=i == len(batches) - 1)
+        mtp_sum = torch.zeros((), device=self.device) if len(scales) > 1 else None
+        for i, (batch, batch_targets) in enumerate(zip(batches, targets)):
+            last = i == len(batches) - 1
+            if mtp_sum is None:
+                loss_sum += self.forward_backward(batch, scales[0], last=last)
+            else:
+                loss, mtp = self.forward_backward_mtp(batch, batch_targets[1:], scales, last)
+                loss_sum += loss
+                mtp_sum += mtp
         loss_sum = self.share_loss(loss_sum)
         grad_norm = clip_grad_norm_(self.params, self.max_norm, pp_group=self.pp_group)
         if self.has_moe:  # the step's expert load over data-parallel ranks; the expert bias
@@ -94,7 +117,7 @@ class TrainStep:
         lr = float(self.lr_scheduler.get_last_lr()[0])
         self.nonfinite.step_optimizer(self.optimizer, self.step(), grad_norm)
         self.lr_scheduler.step()
-        return StepOutput(loss_sum, grad_norm, lr)
+        return StepOutput(loss_sum, grad_norm, lr, mtp_sum)
 
     def forward_backward(self, batch: LocalBatch, scale: torch.Tensor, last: bool) -> torch.Tensor:
         """One accumulation micro-batch; its scaled loss, detached."""
@@ -108,10 +131,37 @@ class TrainStep:
                 # vocabulary entry in bf16; scripts/loss_memory.py measures the region).
                 loss = self.loss_fn(self.model(inputs, **model_kwargs(tokens)), labels) * scale
             loss.backward()
-        return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
+        return _detached(loss)
+
+    def forward_backward_mtp(
+        self,
+        batch: LocalBatch,
+        mtp_targets: list[torch.Tensor],
+        scales: torch.Tensor,
+        last: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_backward` of a model with MTP modules: (the main loss, the depths' mean
+        loss), each scaled, detached."""
+        inputs, tokens, labels = batch
+        if self.sync_last_microbatch_only:
+            cast(FSDPModule, self.model).set_requires_gradient_sync(last)
+        model = cast(nn.Module, self.model)
+        with loss_context(self.loss_parallel):
+            with self.amp:
+                logits = model(inputs, **model_kwargs(tokens), mtp_targets=mtp_targets)
+                loss = self.loss_fn(logits, labels) * scales[0]
+                del logits
+                sums, model.mtp_loss_sums = model.mtp_loss_sums, []
+                mtp = sum(s * c for s, c in zip(sums, scales[1:])) / len(sums)
+            (loss + self.mtp_weight * mtp).backward()
+        return _detached(loss), _detached(mtp)
 
     def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
+
+
+def _detached(loss: torch.Tensor) -> torch.Tensor:
+    return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
 
 
 class PipelineTrainStep(TrainStep):

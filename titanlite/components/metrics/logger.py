@@ -89,6 +89,7 @@ def memory_peaks(device: torch.device) -> dict[str, float]:
 # metrics.jsonl key -> TensorBoard tag.
 TB_TAGS = {
     "loss": "loss/train",
+    "loss_mtp": "loss/mtp",
     "tps": "throughput/tps",
     "tflops": "throughput/tflops",
     "mfu": "throughput/mfu_pct",
@@ -270,7 +271,8 @@ class MetricsLogger:
         color = ("\033[32m", "\033[0m") if colored else ("", "")
         logger.info(
             f"{color[0]}step {r['step']:>6}{color[1]}  loss {r['loss']:.4f}  "
-            f"grad_norm {r['grad_norm']:.3f}  lr {r['lr']:.2e}  tps {r['tps']:,.0f}  "
+            + (f"loss_mtp {r['loss_mtp']:.4f}  " if "loss_mtp" in r else "")
+            + f"grad_norm {r['grad_norm']:.3f}  lr {r['lr']:.2e}  tps {r['tps']:,.0f}  "
             f"tflops {r['tflops']:.2f}  mfu {mfu}  mem {r['memory_gib']:.2f}GiB  "
             + (
                 f"(reserved {r['memory_reserved_gib']:.2f}GiB)  "

@@ -46,9 +46,12 @@ class MetricsLogging(Callback):
                 out.lr,
                 validation,
                 skipped_steps=self.nonfinite.skipped,
-                extra=self.extra(),
+                extra=self.extra() | self._mtp(out),
             )
             self.records.append(record)
+
+    def _mtp(self, out: StepOutput) -> dict:
+        return {} if out.mtp_loss is None else {"loss_mtp": self.global_mean(out.mtp_loss)}
 
     def post_train(self) -> None:
         self.metrics.log_goodput(self.step())
