@@ -274,7 +274,7 @@ class MoE(nn.Module):
         for aux, coef in losses:
             out = _AttachAuxLoss.apply(out, aux, coef * share)
         if losses:
-            self.last_aux_loss = sum(aux.detach() for aux, _ in losses)
+            self.last_aux_loss = torch.stack([aux.detach() for aux, _ in losses]).sum()
         return out
 
     def init_weights(self, key: str, seed: int, out_std: float) -> None:

@@ -47,8 +47,8 @@ def yarn_inverse_frequencies(args: DeepSeekV3Args, device: torch.device | None) 
             / (2 * math.log(base))
         )
 
-    low = max(math.floor(turns_to_dim(args.rope_beta_fast)), 0)
-    high = min(math.ceil(turns_to_dim(args.rope_beta_slow)), dim - 1)
+    low: float = max(math.floor(turns_to_dim(args.rope_beta_fast)), 0)
+    high: float = min(math.ceil(turns_to_dim(args.rope_beta_slow)), dim - 1)
     if low == high:
         high += 0.001
     ramp = (

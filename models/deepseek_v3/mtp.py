@@ -17,6 +17,8 @@ loss ignores (the first token of a document, under block_causal) stays ignored a
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,4 +60,4 @@ class MTPModule(nn.Module):
         for norm in (self.enorm, self.hnorm, self.norm):
             norm.init_weights()
         fill_trunc_normal_(self.eh_proj.weight, 0.02, seed, f"{key}.eh_proj")
-        self.block.init_weights(f"{key}.block", seed)
+        cast(Any, self.block).init_weights(f"{key}.block", seed)

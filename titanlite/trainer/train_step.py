@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -145,14 +145,15 @@ class TrainStep:
         inputs, tokens, labels = batch
         if self.sync_last_microbatch_only:
             cast(FSDPModule, self.model).set_requires_gradient_sync(last)
-        model = cast(nn.Module, self.model)
+        model = cast(Any, self.model)
         with loss_context(self.loss_parallel):
             with self.amp:
                 logits = model(inputs, **model_kwargs(tokens), mtp_targets=mtp_targets)
                 loss = self.loss_fn(logits, labels) * scales[0]
                 del logits
-                sums, model.mtp_loss_sums = model.mtp_loss_sums, []
-                mtp = sum(s * c for s, c in zip(sums, scales[1:])) / len(sums)
+                sums: list[torch.Tensor] = model.mtp_loss_sums
+                model.mtp_loss_sums = []
+                mtp = torch.stack([s * c for s, c in zip(sums, scales[1:])]).mean()
             (loss + self.mtp_weight * mtp).backward()
         return _detached(loss), _detached(mtp)
 
