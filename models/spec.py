@@ -147,3 +147,8 @@ class HFAdapter:
     # the hub files hold one tensor per expert and projection); () for a titanlite-only key
     # (exported nowhere, zeros on import)
     split_names: Callable[[str, Any], tuple[str, ...] | None] = _one_tensor_each
+    # (args from config.json, the folder's tensor names) -> the args of the model the folder
+    # holds, where config.json can claim parts its writer did not save (transformers'
+    # DeepseekV3Config counts an MTP module that its save_pretrained never writes); None: the
+    # config's args
+    fit_tensors: Callable[[Any, set[str]], Any] | None = None

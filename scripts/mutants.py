@@ -405,6 +405,16 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "mtp_loss_over_the_main_count",
+        "each MTP depth's loss is divided by the main targets' count, not by its own",
+        "titanlite/trainer/train_step.py",
+        "mtp = torch.stack([s * c for s, c in zip(sums, scales[1:])]).mean()",
+        "mtp = torch.stack([s * scales[0] for s in sums]).mean()",
+        (
+            "tests/unit/trainer/test_mtp_step.py::test_the_step_weighs_each_depth_over_its_own_targets",
+        ),
+    ),
+    Mutant(
         "mla_rope_key_grad_not_summed_over_tp",
         "each tp rank keeps its own heads' share of the shared RoPE key's gradient",
         "parallelisms/deepseek_v3/tensor_parallel.py",

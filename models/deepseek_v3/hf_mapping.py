@@ -21,6 +21,7 @@ them to the main model's). `num_nextn_predict_layers` is mtp_depth both ways."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -290,6 +291,16 @@ def args_from_hf_config(cfg: dict[str, Any]) -> DeepSeekV3Args:
     return args
 
 
+def fit_tensors(args: DeepSeekV3Args, names: set[str]) -> DeepSeekV3Args:
+    """A folder without the MTP modules' tensors holds the main model only, whatever
+    num_nextn_predict_layers says (transformers' save_pretrained writes no MTP module and its
+    config counts one by default)."""
+    held = sum(
+        f"model.layers.{args.n_layers + k}.eh_proj.weight" in names for k in range(args.mtp_depth)
+    )
+    return args if held == args.mtp_depth else replace(args, mtp_depth=held)
+
+
 HF = HFAdapter(
     label=_LABEL,
     model_types=("deepseek_v3",),
@@ -322,4 +333,5 @@ HF = HFAdapter(
     hf_config=hf_config,
     args_from_hf_config=args_from_hf_config,
     split_names=split_names,
+    fit_tensors=fit_tensors,
 )

@@ -24,11 +24,11 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 MODELS = {
     ("qwen3", "debugmodel_tied"): ("Qwen3ForCausalLM", "Qwen3Config", "qwen3"),
     ("qwen3", "debugmodel_moe"): ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "qwen3_moe"),
-    # transformers writes no MTP module (its MtpModel reads the published layout only)
+    # transformers writes no MTP module, though its config counts one: the folder imports as
+    # the main model
     ("deepseek_v3", "debugmodel"): ("DeepseekV3ForCausalLM", "DeepseekV3Config", "deepseek_v3"),
 }
 FAMILIES = {"qwen3": qwen3, "deepseek_v3": deepseek_v3}
-NO_MTP = {"deepseek_v3": {"mtp_depth": 0}}
 # The expert bias moves whatever the learning rate: held still, so that the export must equal
 # the import.
 STILL = {"deepseek_v3": ["--model.mtp_depth", "0", "--model.moe_bias_update_rate", "0"]}
@@ -40,7 +40,6 @@ def _hf_folder(folder, family, flavor):
         vocab_size=Tokenizer(BUILTIN_TOKENIZER).vocab_size,
         max_seq_len=64,
         n_layers=2,  # CHECKPOINTED_RUN's two blocks
-        **NO_MTP.get(family, {}),
     )
     cfg = module.HF.hf_config(args, dtype=torch.float32)
     model_cls, config_cls, _ = MODELS[(family, flavor)]

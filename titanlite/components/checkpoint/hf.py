@@ -529,10 +529,18 @@ def read_hf_config(
     except ValueError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     family = family or family_of_hf_config(cfg)
+    adapter = _adapter(family, src)
     try:
-        return cfg, _adapter(family, src).args_from_hf_config(cfg), family
+        args = adapter.args_from_hf_config(cfg)
     except HFConfigError as e:
         raise CheckpointError(f"{src}/{e}") from None
+    if adapter.fit_tensors is not None:
+        try:
+            names = set(_hf_tensors(src))
+        except CheckpointError:  # the tensor check that follows names what is wrong
+            return cfg, args, family
+        args = adapter.fit_tensors(args, names)
+    return cfg, args, family
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -67,7 +67,7 @@ def _gap(model, hf_model) -> float:
 def _imported(src, tmp_path) -> DeepSeekV3:
     step = tmp_path / "dcp" / "step-0"
     hf_checkpoint.hf_to_dcp(src, step)
-    args = HF.args_from_hf_config(json.loads((src / "config.json").read_text()))
+    _, args, _ = hf_checkpoint.read_hf_config(src)
     model = DeepSeekV3(dataclasses.replace(args, max_seq_len=SEQ))
     model.load_state_dict(load_full_state_dict(step)["model"])
     return model
@@ -76,14 +76,18 @@ def _imported(src, tmp_path) -> DeepSeekV3:
 @pytest.mark.parametrize("variant", ["q_latent", "no_q_latent", "yarn"])
 def test_a_transformers_folder_imports_with_its_logits(variant, tmp_path):
     over = {"no_q_latent": {"q_lora_rank": 0}, "yarn": YARN}.get(variant, {})
-    args = dataclasses.replace(ARGS, mtp_depth=0, **over)
+    args = dataclasses.replace(ARGS, **over)
     hf_model = _hf_model(args)
     src = tmp_path / "src"
     hf_model.save_pretrained(src)
     names = safetensors_torch.load_file(src / "model.safetensors")
     assert "model.layers.1.mlp.experts.7.up_proj.weight" in names
+    # Its config counts an MTP module (num_nextn_predict_layers 1) that save_pretrained did not
+    # write: the folder holds the main model, and imports as such.
+    assert json.loads((src / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    assert not any(n.startswith("model.layers.2.") for n in names)
     model = _imported(src, tmp_path)
-    assert model.args == dataclasses.replace(args, max_seq_len=SEQ)
+    assert model.args == dataclasses.replace(args, max_seq_len=SEQ, mtp_depth=0)
     bias = model.layers["1"].feed_forward.router.expert_bias
     assert torch.equal(bias, names["model.layers.1.mlp.gate.e_score_correction_bias"])
     gap = _gap(model, hf_model)
