@@ -71,6 +71,16 @@ QWEN3_TIED = [*QWEN3, "--model.flavor", "debugmodel_tied"]  # the head is the em
 DEEPSEEK = ["--model.name", "deepseek_v3", "--model.moe_bias_update_rate", "0.01"]
 DEEPSEEK_NO_MTP = [*DEEPSEEK, "--model.mtp_depth", "0"]  # pipeline and context parallel
 
+# Muon for the matrices at Moonlight's matched-RMS scale, AdamW for the rest.
+MUON = [
+    "--optimizer.name",
+    "Muon",
+    "--optimizer.lr",
+    "4e-3",
+    "--optimizer.muon_ns_dtype",
+    "float32",
+]
+
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
 LAYOUTS = {
     "one": (1, [LBS, "8"]),  # the reference
@@ -211,6 +221,20 @@ LAYOUTS = {
     "deepseek_no_mtp_one": (1, [LBS, "8", *DEEPSEEK_NO_MTP]),
     "deepseek_pp2": (2, [LBS, "8", PP, "2", *DEEPSEEK_NO_MTP]),
     "deepseek_cp2": (2, [LBS, "8", CP, "2", *DEEPSEEK_NO_MTP]),
+    # Muon: each matrix's update orthogonalized whole, whatever shards it (FSDP's Shard(0),
+    # TP's rows and columns, FSDP x TP's strided rows, the experts' ep and efsdp splits of the
+    # expert dimension), every rank keeping its shard of the result.
+    "muon_one": (1, [LBS, "8", *MUON]),
+    "muon_fsdp2": (2, [LBS, "4", *MUON]),
+    "muon_fsdp2_compile": (2, [LBS, "4", "--training.compile", *MUON]),
+    "muon_tp2": (2, [LBS, "8", TP, "2", *MUON]),
+    "muon_pp2": (2, [LBS, "8", PP, "2", *MUON]),
+    "muon_cp2": (2, [LBS, "8", CP, "2", *MUON]),
+    "muon_hsdp2x2": (4, [LBS, "2", *HSDP2, *MUON]),
+    "muon_fsdp2_tp2": (4, [LBS, "4", TP, "2", *MUON]),
+    "qwen3_moe_muon_one": (1, [LBS, "8", *QWEN3_MOE, *MUON]),
+    "qwen3_moe_muon_ep2": (2, [LBS, "4", EP, "2", *QWEN3_MOE, *MUON]),
+    "qwen3_moe_muon_ep2_fsdp2_tp2": (4, [LBS, "4", EP, "2", TP, "2", *QWEN3_MOE, *MUON]),
 }
 # A layout's one-process run of the same model: "one" unless named here.
 REFERENCES = {
@@ -233,6 +257,8 @@ REFERENCES = {
     **{n: "qwen3_moe_bias_one" for n in LAYOUTS if n.startswith("qwen3_moe_bias_ep")},
     **{n: "deepseek_one" for n in LAYOUTS if n.startswith("deepseek_") and "_one" not in n},
     "deepseek_pp2": "deepseek_no_mtp_one",
+    **{n: "muon_one" for n in LAYOUTS if n.startswith("muon_") and n != "muon_one"},
+    **{n: "qwen3_moe_muon_one" for n in LAYOUTS if n.startswith("qwen3_moe_muon_ep")},
     "deepseek_cp2": "deepseek_no_mtp_one",
 }
 BF16 = ["--training.mixed_precision_param", "bfloat16"]
@@ -358,12 +384,17 @@ def test_layout_matches_single_process(world, name):
         result["weights_differ"],
     )
     grad_error, grad_param = _worst(result["grads"], baseline["grads"])
+    update_error, update_param = _worst(result["updates"], baseline["updates"])
     weight_error, weight_param = _worst(result["weights"], baseline["weights"])
     print(
-        f"\n{name}: worst step-1 gradient error {grad_error:.2e} ({grad_param}), worst "
-        f"final-weight error {weight_error:.2e} ({weight_param}) (relative, in norm)"
+        f"\n{name}: worst step-1 gradient error {grad_error:.2e} ({grad_param}), worst step-1 "
+        f"update error {update_error:.2e} ({update_param}), worst final-weight error "
+        f"{weight_error:.2e} ({weight_param}) (relative, in norm)"
     )
     assert grad_error <= RTOL, f"{grad_param}: step-1 gradient off by {grad_error:.2e}"
+    # The optimizer's own part: what step 1 did to each parameter (for Muon, the orthogonalized
+    # whole matrix, of which each rank applied its shard).
+    assert update_error <= RTOL, f"{update_param}: step-1 update off by {update_error:.2e}"
     for key, ref in baseline["weights"].items():
         torch.testing.assert_close(result["weights"][key], ref, rtol=RTOL, atol=RTOL, msg=key)
     # The run must have learned something, or equal losses would prove little.

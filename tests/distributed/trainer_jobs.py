@@ -209,8 +209,12 @@ class FirstStepGradients:
         self.grads: dict[str, torch.Tensor] | None = None
         self.differ: list[str] = []
         self.routing: FirstStepRouting | None = None
+        self.before: dict[str, torch.Tensor] = {}
+        self.updates: dict[str, torch.Tensor] = {}
 
     def __call__(self, microbatches):
+        if self.grads is None:
+            self.before, _ = full_tensors(self.trainer.model, "param")
         if self.routing is not None and self.routing.recording:
             self.routing.inputs = [inputs.detach().cpu() for inputs, _ in microbatches]
         out = self.step(microbatches)
@@ -218,6 +222,8 @@ class FirstStepGradients:
             self.routing.recording = False
         if self.grads is None:
             self.grads, self.differ = full_tensors(self.trainer.model, "grad")
+            after, _ = full_tensors(self.trainer.model, "param")
+            self.updates = {k: after[k] - self.before[k] for k in self.before}
         return out
 
 
@@ -251,6 +257,7 @@ def run_job(argv: list[str], record: bool, on_trainer=None, probe: bool = False)
             result["logged_steps"] = [r["step"] for r in records]
         if record:
             result["grads"], result["grads_differ"] = first.grads, first.differ
+            result["updates"] = first.updates
             result["weights"], result["weights_differ"] = full_tensors(trainer.model, "param")
             result.update(layout_facts(trainer.model, first.step.sequence_shards))
             result["routing"] = first.routing.gathered(trainer) if first.routing else None

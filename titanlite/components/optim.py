@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -11,10 +12,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from titanlite.components.muon import ADAMW, MUON, Muon
+from titanlite.components.param_groups import row_blocks, split_summary, trainable, uses_muon
 from titanlite.config.schema import LRScheduler, Optimizer
+from titanlite.core.logging import logger
 
 
 def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:
+    if cfg.name == "Muon":
+        return build_muon(model, cfg)
     # Norm gains (1-D) are not decayed: shrinking them towards 0 only fights the normalization.
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -24,14 +30,57 @@ def build_optimizer(model: nn.Module, cfg: Optimizer) -> torch.optim.Optimizer:
         {"params": no_decay, "weight_decay": 0.0},
     ]
     cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
-    return cls(
-        groups,
+    return cls(groups, lr=cfg.lr, **_adamw_settings(cfg))
+
+
+def _adamw_settings(cfg: Optimizer) -> dict[str, Any]:
+    return {
+        "betas": (cfg.beta1, cfg.beta2),
+        "eps": cfg.eps,
+        "fused": cfg.implementation == "fused",
+        "foreach": cfg.implementation == "foreach",
+    }
+
+
+def build_muon(model: nn.Module, cfg: Optimizer) -> Muon:
+    """Muon for the hidden matrices (param_groups.py says which), AdamW for the rest: its
+    matrices decayed by adamw_weight_decay, its vectors not."""
+    groups: dict[str, dict[str, Any]] = {
+        "muon": {"algorithm": MUON, "row_blocks": 1},
+        "muon_w13": {"algorithm": MUON, "row_blocks": 2},
+        "adamw_decay": {"algorithm": ADAMW, "weight_decay": _or(cfg.adamw_weight_decay, cfg)},
+        "adamw_no_decay": {"algorithm": ADAMW, "weight_decay": 0.0},
+    }
+    for g in groups.values():
+        g["params"] = []
+    for name, p, owner in trainable(model):
+        if uses_muon(name, p, owner, cfg.muon_exclude):
+            key = "muon" if row_blocks(name) == 1 else "muon_w13"
+        else:
+            key = "adamw_decay" if p.dim() >= 2 else "adamw_no_decay"
+        groups[key]["params"].append(p)
+    adamw_lr = cfg.lr if cfg.adamw_lr is None else cfg.adamw_lr
+    for g in groups.values():
+        if g["algorithm"] == ADAMW:
+            g["lr"] = adamw_lr
+    logger.info(split_summary(model, cfg.muon_exclude))
+    return Muon(
+        [g for g in groups.values() if g["params"]],
         lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=cfg.implementation == "fused",
-        foreach=cfg.implementation == "foreach",
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_coefficients=cast(tuple[float, float, float], tuple(cfg.ns_coefficients)),
+        eps=cfg.muon_eps,
+        ns_steps=cfg.ns_steps,
+        adjust_lr_fn=cfg.adjust_lr_fn,
+        ns_dtype=cfg.muon_ns_dtype,
+        adamw={"lr": adamw_lr, **_adamw_settings(cfg)},
     )
+
+
+def _or(value: float | None, cfg: Optimizer) -> float:
+    return cfg.weight_decay if value is None else value
 
 
 def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
@@ -108,47 +157,91 @@ def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return total.full_tensor() if isinstance(total, DTensor) else total
 
 
-def _hyperparameters(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> dict[str, float]:
-    """The [optimizer] values an optimizer and its schedule run with (group 0 is the decayed
-    one; the peak LR is the schedule's base)."""
-    group = optimizer.param_groups[0]
-    return {
-        "lr": float(scheduler.base_lrs[0]),
-        "beta1": float(group["betas"][0]),
-        "beta2": float(group["betas"][1]),
-        "eps": float(group["eps"]),
-        "weight_decay": float(group["weight_decay"]),
+# Config key -> (group key, index into it) of a group's settings, by the group's role.
+_ADAM_KEYS = {"beta1": ("betas", 0), "beta2": ("betas", 1), "eps": ("eps", None)}
+_MUON_KEYS = {
+    "weight_decay": ("weight_decay", None),
+    "momentum": ("momentum", None),
+    "nesterov": ("nesterov", None),
+    "ns_steps": ("ns_steps", None),
+    "ns_coefficients": ("ns_coefficients", None),
+    "muon_eps": ("eps", None),
+    "adjust_lr_fn": ("adjust_lr_fn", None),
+    "muon_ns_dtype": ("ns_dtype", None),
+}
+
+
+def _group_keys(group: dict[str, Any], muon_run: bool) -> tuple[str, dict[str, tuple[str, Any]]]:
+    """(the config key of the group's peak LR, its other config keys -> where they are)."""
+    if group.get("algorithm") == MUON:
+        return "lr", _MUON_KEYS
+    keys = dict(_ADAM_KEYS)
+    if any(p.dim() >= 2 for p in group["params"]):  # the vectors' group is never decayed
+        keys["adamw_weight_decay" if muon_run else "weight_decay"] = ("weight_decay", None)
+    return ("adamw_lr" if muon_run else "lr"), keys
+
+
+def _configured(cfg: Optimizer) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        k: getattr(cfg, k) for k in ("lr", *_ADAM_KEYS, *_MUON_KEYS) if k != "ns_coefficients"
     }
+    values["ns_coefficients"] = tuple(cfg.ns_coefficients)
+    values["adamw_lr"] = cfg.lr if cfg.adamw_lr is None else cfg.adamw_lr
+    values["adamw_weight_decay"] = _or(cfg.adamw_weight_decay, cfg)
+    return values
+
+
+def _differs(saved: Any, configured: Any) -> bool:
+    if isinstance(saved, float) or isinstance(configured, float):
+        return not math.isclose(float(saved), float(configured), rel_tol=1e-12, abs_tol=0.0)
+    return (
+        tuple(saved) != tuple(configured)
+        if isinstance(saved, (list, tuple))
+        else (saved != configured)
+    )
 
 
 def reconcile_resumed_settings(
     optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: Optimizer, apply_config: bool
-) -> dict[str, tuple[float, float]]:
+) -> dict[str, tuple[Any, Any]]:
     """After a resume, the checkpoint's optimizer state carries its own hyper-parameters, which
-    silently win over the config unless applied here. Returns {key: (checkpointed, configured)}
-    for each that differs; with `apply_config` the configured values replace them (the LR
-    schedule's shape always comes from the config: it is code, not state)."""
-    configured = {
-        "lr": cfg.lr,
-        "beta1": cfg.beta1,
-        "beta2": cfg.beta2,
-        "eps": cfg.eps,
-        "weight_decay": cfg.weight_decay,
-    }
-    saved = _hyperparameters(optimizer, scheduler)
-    differences = {
-        k: (saved[k], configured[k])
-        for k in configured
-        if not math.isclose(saved[k], configured[k], rel_tol=1e-12, abs_tol=0.0)
-    }
+    silently win over the config unless applied here. Returns {config key: (checkpointed,
+    configured)} for each that differs; with `apply_config` the configured values replace them
+    (the LR schedule's shape always comes from the config: it is code, not state)."""
+    configured, muon_run = _configured(cfg), cfg.name == "Muon"
+    differences: dict[str, tuple[Any, Any]] = {}
+    for i, group in enumerate(optimizer.param_groups):
+        lr_key, keys = _group_keys(group, muon_run)
+        saved: dict[str, Any] = {lr_key: float(scheduler.base_lrs[i])}
+        for key, (field, index) in keys.items():
+            value = group[field] if index is None else group[field][index]
+            saved[key] = tuple(value) if isinstance(value, list) else value
+        for key, value in saved.items():
+            if key not in differences and _differs(value, configured[key]):
+                differences[key] = (value, configured[key])
     if apply_config and differences:
-        scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
         for i, group in enumerate(optimizer.param_groups):
-            group["initial_lr"] = cfg.lr
-            group["lr"] = cfg.lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
-            group["betas"] = (cfg.beta1, cfg.beta2)
-            group["eps"] = cfg.eps
-            if i == 0:  # group 1 (norm gains, 1-D) is never decayed
-                group["weight_decay"] = cfg.weight_decay
+            _apply(group, i, scheduler, *_group_keys(group, muon_run), configured)
         scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
     return differences
+
+
+def _apply(
+    group: dict[str, Any],
+    i: int,
+    scheduler: LambdaLR,
+    lr_key: str,
+    keys: dict[str, tuple[str, Any]],
+    configured: dict[str, Any],
+) -> None:
+    peak = configured[lr_key]
+    scheduler.base_lrs[i] = peak
+    group["initial_lr"] = peak
+    group["lr"] = peak * scheduler.lr_lambdas[i](scheduler.last_epoch)
+    for key, (field, index) in keys.items():
+        if index is None:
+            group[field] = configured[key]
+        else:
+            parts = list(group[field])
+            parts[index] = configured[key]
+            group[field] = tuple(parts)

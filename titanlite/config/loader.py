@@ -389,6 +389,7 @@ def validate(cfg: JobConfig) -> None:
         _check_activation_checkpoint,
         _check_float8,
         _check_validation,
+        _check_optimizer,
     ):
         check(cfg)
     tables.check_data(cfg.data, cfg.training.steps, cfg.training.dataset_path)
@@ -406,6 +407,38 @@ def _check_schedule_and_batch(cfg: JobConfig) -> None:
         raise ConfigError(
             f"[training] global_batch_size = {t.global_batch_size} is not a multiple of "
             f"local_batch_size = {t.local_batch_size}"
+        )
+
+
+_MUON_ONLY = (
+    "momentum",
+    "nesterov",
+    "ns_steps",
+    "ns_coefficients",
+    "muon_eps",
+    "muon_ns_dtype",
+    "adjust_lr_fn",
+    "adamw_lr",
+    "adamw_weight_decay",
+    "muon_exclude",
+)
+
+
+def _check_optimizer(cfg: JobConfig) -> None:
+    o, default = cfg.optimizer, type(cfg.optimizer)()
+    if o.name != "Muon":
+        for key in _MUON_ONLY:
+            if getattr(o, key) != getattr(default, key):
+                raise ConfigError(
+                    f"[optimizer] {key} = {getattr(o, key)!r} is a Muon setting; name = "
+                    f"{o.name!r} would ignore it: remove it or set optimizer.name = 'Muon'"
+                )
+        return
+    if not o.momentum < 1:
+        raise ConfigError(f"[optimizer] momentum = {o.momentum}: must be within [0, 1)")
+    if len(o.ns_coefficients) != 3:
+        raise ConfigError(
+            f"[optimizer] ns_coefficients = {o.ns_coefficients}: expected 3 numbers (a, b, c)"
         )
 
 

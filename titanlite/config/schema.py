@@ -190,12 +190,52 @@ class Model:
 
 @dataclass
 class Optimizer:
-    name: str = opt("AdamW", "optimizer", choices=["AdamW", "Adam"])
-    lr: float = opt(8e-4, "peak learning rate", min=0.0)
-    beta1: float = opt(0.9, "Adam first-moment decay", min=0.0)
-    beta2: float = opt(0.95, "Adam second-moment decay", min=0.0)
-    eps: float = opt(1e-8, "Adam denominator epsilon", min=0.0)
-    weight_decay: float = opt(0.1, "decoupled weight decay", min=0.0)
+    name: str = opt(
+        "AdamW",
+        "optimizer; Muon: orthogonalized momentum for the hidden matrices, AdamW for the rest "
+        "(docs/optimizers.md)",
+        choices=["AdamW", "Adam", "Muon"],
+    )
+    lr: float = opt(8e-4, "peak learning rate (under Muon: of the Muon matrices)", min=0.0)
+    beta1: float = opt(0.9, "Adam first-moment decay (under Muon: its AdamW group's)", min=0.0)
+    beta2: float = opt(0.95, "Adam second-moment decay (under Muon: its AdamW group's)", min=0.0)
+    eps: float = opt(1e-8, "Adam denominator epsilon (under Muon: its AdamW group's)", min=0.0)
+    weight_decay: float = opt(
+        0.1, "decoupled weight decay (under Muon: of the Muon matrices)", min=0.0
+    )
+    # Muon (torch.optim.Muon's names; its eps is muon_eps here, eps being AdamW's).
+    momentum: float = opt(0.95, "Muon: momentum, within [0, 1)", min=0.0)
+    nesterov: bool = opt(True, "Muon: Nesterov momentum")
+    ns_steps: int = opt(5, "Muon: Newton-Schulz iterations", min=1, max=99)
+    ns_coefficients: list[float] = opt(
+        [3.4445, -4.775, 2.0315], "Muon: the quintic Newton-Schulz coefficients (a, b, c)"
+    )
+    muon_eps: float = opt(1e-7, "Muon: the Newton-Schulz normalization's epsilon", min=0.0)
+    muon_ns_dtype: str = opt(
+        "bfloat16",
+        "Muon: the Newton-Schulz iteration's dtype; bfloat16 as torch (its rounding differs "
+        "between layouts at ~1e-3: docs/optimizers.md), float32 to compare layouts at 1e-4",
+        choices=["bfloat16", "float32"],
+    )
+    adjust_lr_fn: str = opt(
+        "match_rms_adamw",
+        "Muon: the per-matrix LR scale; match_rms_adamw (0.2 sqrt(max(A, B)), Moonlight's: one "
+        "lr serves both groups) or original (sqrt(max(1, A / B)), torch's default)",
+        choices=["match_rms_adamw", "original"],
+    )
+    adamw_lr: float | None = opt(
+        None,
+        "Muon: peak LR of its AdamW group (embedding, head, norms, routers); None = lr",
+        min=0.0,
+    )
+    adamw_weight_decay: float | None = opt(
+        None, "Muon: weight decay of its AdamW group's matrices; None = weight_decay", min=0.0
+    )
+    muon_exclude: list[str] = opt(
+        [],
+        "Muon: fnmatch patterns of parameter names left to AdamW, besides those always are "
+        "(embeddings, the output head, routers, vectors)",
+    )
     implementation: str = opt(
         "fused", "fused / foreach / for-loop", choices=["fused", "foreach", "for-loop"]
     )

@@ -313,7 +313,10 @@ class Trainer:
                 )
         if apply or not differences:
             return job
-        kept: dict[str, Any] = {key: saved for key, (saved, _) in differences.items()}
+        kept: dict[str, Any] = {
+            key: list(saved) if isinstance(saved, tuple) else saved  # ns_coefficients
+            for key, (saved, _) in differences.items()
+        }
         return dataclasses.replace(job, optimizer=dataclasses.replace(cfg, **kept))
 
     def _verify_shards(self, shards: ShardSet) -> None:

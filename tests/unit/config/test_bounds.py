@@ -33,6 +33,7 @@ def _integer_fields() -> list[tuple[type, dataclasses.Field]]:
 _WITH = {
     "global_batch_size": ["--training.local_batch_size", "1"],
     "seq_len": ["--training.seq_len", str(schema.SEQ_MAX)],
+    "ns_steps": ["--optimizer.name", "Muon"],  # a Muon setting, refused under AdamW
 }
 
 
