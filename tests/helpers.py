@@ -489,3 +489,28 @@ def save_hf_dataset(folder: Path, rows: list, column: str = "text", num_shards: 
     ds = Dataset.from_dict({"id": list(range(len(rows))), column: rows})
     ds.save_to_disk(str(folder), num_shards=num_shards)
     return folder
+
+
+def one_process_train_step(model, optimizer, lr_scheduler, max_norm: float):
+    """The trainer's own step (TrainStep) on one CPU process, fp32, no parallelism."""
+    import torch
+
+    from titanlite.components.loss import cross_entropy_sum
+    from titanlite.components.nonfinite import NonFiniteGuard
+    from titanlite.trainer.train_step import TrainStep
+
+    return TrainStep(
+        model,
+        optimizer,
+        lr_scheduler,
+        cross_entropy_sum,
+        step=lambda: 1,
+        device=torch.device("cpu"),
+        amp=contextlib.nullcontext(),
+        loss_parallel=False,
+        sequence_shards=None,
+        loss_ranks=1,
+        global_sum=lambda t: t,
+        max_norm=max_norm,
+        nonfinite=NonFiniteGuard(0),
+    )

@@ -4,12 +4,12 @@ torch.optim.Muon, everything else by torch.optim.AdamW, each under the same LR s
 steps of the Llama, Qwen3 MoE and DeepSeek-V3 debug models (MLA's projections, shared and
 routed experts, MTP), weights compared after every step."""
 
-import contextlib
 import copy
 import dataclasses
 
 import pytest
 import torch
+from helpers import one_process_train_step
 from torch.optim._muon import _zeropower_via_newtonschulz
 
 from models.deepseek_v3 import FLAVORS as DEEPSEEK_FLAVORS
@@ -18,12 +18,9 @@ from models.llama import FLAVORS as LLAMA_FLAVORS
 from models.llama import Transformer
 from models.qwen3 import FLAVORS as QWEN3_FLAVORS
 from models.qwen3 import Qwen3
-from titanlite.components.loss import cross_entropy_sum
 from titanlite.components.muon import NS_COEFFICIENTS, newton_schulz
-from titanlite.components.nonfinite import NonFiniteGuard
 from titanlite.components.optim import build_lr_scheduler, build_optimizer
 from titanlite.config.schema import LRScheduler, Optimizer
-from titanlite.trainer.train_step import TrainStep
 
 VOCAB, SEQ, STEPS = 256, 16, 5
 CFG = Optimizer(name="Muon", lr=3e-3, weight_decay=0.1, adamw_lr=1e-3, adamw_weight_decay=0.01)
@@ -96,22 +93,8 @@ class TorchMuonAndAdamW:
                 p[index] = leaf
 
 
-def _train_step(model, optimizer, scheduler) -> TrainStep:
-    return TrainStep(
-        model,
-        optimizer,
-        scheduler,
-        cross_entropy_sum,
-        step=lambda: 1,
-        device=torch.device("cpu"),
-        amp=contextlib.nullcontext(),
-        loss_parallel=False,
-        sequence_shards=None,
-        loss_ranks=1,
-        global_sum=lambda t: t,
-        max_norm=1.0,
-        nonfinite=NonFiniteGuard(0),
-    )
+def _train_step(model, optimizer, scheduler):
+    return one_process_train_step(model, optimizer, scheduler, max_norm=1.0)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe", "deepseek_v3"])

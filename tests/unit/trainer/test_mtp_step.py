@@ -5,17 +5,15 @@ targets (the last position of each window has none), and every gradient is that 
 mtp_loss_weight x loss_mtp; over two accumulation micro-batches that count different numbers
 of targets."""
 
-import contextlib
 import copy
 import dataclasses
 
 import torch
 import torch.nn.functional as F
+from helpers import one_process_train_step
 
 from models.deepseek_v3 import FLAVORS, DeepSeekV3
-from titanlite.components.loss import IGNORE_INDEX, cross_entropy_sum
-from titanlite.components.nonfinite import NonFiniteGuard
-from titanlite.trainer.train_step import TrainStep
+from titanlite.components.loss import IGNORE_INDEX
 
 VOCAB, SEQ, WEIGHT = 256, 16, 0.3
 ARGS = dataclasses.replace(
@@ -65,21 +63,7 @@ def test_the_step_weighs_each_depth_over_its_own_targets():
     reference = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    step = TrainStep(
-        model,
-        optimizer,
-        scheduler,
-        cross_entropy_sum,
-        step=lambda: 1,
-        device=torch.device("cpu"),
-        amp=contextlib.nullcontext(),
-        loss_parallel=False,
-        sequence_shards=None,
-        loss_ranks=1,
-        global_sum=lambda t: t,
-        max_norm=0.0,
-        nonfinite=NonFiniteGuard(0),
-    )
+    step = one_process_train_step(model, optimizer, scheduler, max_norm=0.0)
     microbatches = _microbatches()
     out = step(microbatches)
     main, mtp = _independent(reference, microbatches)
