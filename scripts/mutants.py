@@ -422,6 +422,34 @@ MUTANTS = [
         "(args[0], *args[1:])",
         _layout("deepseek_tp2"),
     ),
+    Mutant(
+        "muon_orthogonalizes_the_local_shard",
+        "each rank orthogonalizes its shard of a matrix instead of the whole matrix",
+        "titanlite/components/muon.py",
+        "    if not isinstance(param, DTensor):\n        return update, lambda t: t",
+        "    if True:\n        return update, lambda t: t",
+        _layout("muon_fsdp2", "muon_tp2"),
+    ),
+    Mutant(
+        "muon_lr_not_adjusted",
+        "the per-matrix LR adjustment (adjust_lr_fn) is skipped",
+        "titanlite/components/muon.py",
+        'alpha=-adjusted_lr(lr, group["adjust_lr_fn"], rows, cols)',
+        "alpha=-lr",
+        (
+            "tests/unit/components/test_muon.py::test_muon_equals_torch_muon_and_adamw_step_for_step[llama]",
+        ),
+    ),
+    Mutant(
+        "muon_on_the_embedding",
+        "the embedding is stepped by Muon, not AdamW",
+        "titanlite/components/param_groups.py",
+        "if p.dim() < 2 or isinstance(owner, nn.Embedding):",
+        "if p.dim() < 2:",
+        (
+            "tests/unit/components/test_muon.py::test_muon_equals_torch_muon_and_adamw_step_for_step[llama]",
+        ),
+    ),
 ]
 
 
