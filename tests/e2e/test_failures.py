@@ -91,6 +91,7 @@ def no_tracebacks(runs: dict[str, subprocess.CompletedProcess]) -> None:
 def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path):
     runs = {}
     names = ("truncated", "no_metadata", "other_model", "fewer_blocks", "partial", "load_step")
+    names += ("switched_optimizer",)
     for name in (*names, "crafted"):
         runs[name] = tmp_path / name
         runs[name].mkdir()
@@ -102,6 +103,7 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
     copy_run(saved_run, runs["other_model"])
     copy_run(saved_run, runs["fewer_blocks"])
     copy_run(saved_run, runs["load_step"])
+    copy_run(saved_run, runs["switched_optimizer"])
     marker = tmp_path / "exploit-ran"
     craft_metadata(copy_run(saved_run, runs["crafted"]), marker)
 
@@ -128,6 +130,8 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
                 "--checkpoint.allow_partial_model_load",
             ),
             "load_step": args("load_step", "--checkpoint.load_step", "7"),
+            # AdamW's moments cannot continue as Muon's momentum (issue 48).
+            "switched_optimizer": args("switched_optimizer", "--optimizer.name", "Muon"),
             "crafted": args("crafted"),
         }
     )
@@ -147,6 +151,13 @@ def test_checkpoint_problems_stop_in_preflight_with_one_line(saved_run, tmp_path
     assert "loading 30 of the checkpoint's 57 model tensors" in got["partial"].stderr
     expect_one_line(got["load_step"], 2, "checkpoint.load_step = 7", "complete: [1]")
     expect_one_line(got["crafted"], 2, "names posix.system", "refusing to unpickle")
+    expect_one_line(
+        got["switched_optimizer"],
+        2,
+        "titanlite: error: checkpoint step 1",
+        "has AdamW optimizer state, but optimizer.name = 'Muon'",
+        "--checkpoint.exclude_from_loading optimizer,lr_scheduler",
+    )
     assert not marker.exists()
     del got["partial"]
     for proc in got.values():  # preflight stopped them: no torchrun, no traceback

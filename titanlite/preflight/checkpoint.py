@@ -46,18 +46,58 @@ def check_checkpoint(job: JobConfig, args) -> None:
     if problems:
         raise CheckpointError(f"cannot load {path}: " + "; ".join(problems[:3]))
     keys = read_manifest(path).get("keys", ["model"])
-    if "model" not in keys or "model" in job.checkpoint.exclude_from_loading:
+    excluded = job.checkpoint.exclude_from_loading
+    where = "checkpoint" if point.step is None else f"checkpoint step {point.step}"
+    metadata = read_metadata(path).state_dict_metadata
+    if "optimizer" in keys and "optimizer" not in excluded:
+        problem = optimizer_switch_problem(list(metadata), job, args)
+        if problem:
+            raise CheckpointError(f"{where} ({path}): {problem}")
+    if "model" not in keys or "model" in excluded:
         return
     saved = {
         k[len("model.") :]: tuple(m.size)
-        for k, m in read_metadata(path).state_dict_metadata.items()
+        for k, m in metadata.items()
         if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
     }
     recorded = (read_manifest(path).get("model_config") or {}).get("args") or {}
-    where = "checkpoint" if point.step is None else f"checkpoint step {point.step}"
     problem = model_tensor_problem(saved, recorded, args, job)
     if problem:
         raise CheckpointError(f"{where} ({path}): {problem}")
+
+
+# The state each optimizer keeps for a parameter (torch's Muon and Adam/AdamW names).
+_STATE_OF = {"momentum_buffer": "Muon", "exp_avg": "AdamW"}
+
+
+def optimizer_switch_problem(saved_keys: list[str], job: JobConfig, args) -> str | None:
+    """Why the configured optimizer cannot continue the checkpoint's optimizer state: a
+    parameter whose saved state is another optimizer's (AdamW's moments for a matrix Muon now
+    steps, or the reverse, after a switch of optimizer.name or of optimizer.muon_exclude)."""
+    import torch
+
+    from titanlite.components.param_groups import trainable, uses_muon
+    from titanlite.families import get_family
+
+    saved: dict[str, str] = {}
+    for key in saved_keys:
+        name, _, state = key.removeprefix("optimizer.state.").rpartition(".")
+        if key.startswith("optimizer.state.") and state in _STATE_OF:
+            saved[name] = _STATE_OF[state]
+    cfg = job.optimizer
+    with torch.device("meta"):
+        model = get_family(job.model.name).model.model_cls(args)
+    for name, p, owner in trainable(model):
+        muon = cfg.name == "Muon" and uses_muon(name, p, owner, cfg.muon_exclude)
+        mine = "Muon" if muon else "AdamW"
+        if saved.get(name, mine) != mine:
+            return (
+                f"'{name}' has {saved[name]} optimizer state, but optimizer.name = "
+                f"{cfg.name!r} (muon_exclude {cfg.muon_exclude}) steps it with {mine}; resume "
+                "with the checkpoint's optimizer settings, or start a fresh optimizer from "
+                "its weights with --checkpoint.exclude_from_loading optimizer,lr_scheduler"
+            )
+    return None
 
 
 def _tensor_shapes(job: JobConfig, args) -> dict[str, tuple[int, ...]]:
