@@ -12,6 +12,7 @@ from torch import nn
 from models.moe import imbalance, moe_layers
 from titanlite.components.metrics.logger import MetricsLogger
 from titanlite.components.nonfinite import NonFiniteGuard
+from titanlite.components.param_groups import plain_name
 from titanlite.trainer.callbacks.base import Callback
 from titanlite.trainer.train_step import StepOutput
 
@@ -64,7 +65,7 @@ def moe_figures(
     data-parallel rank), the largest of them, and the auxiliary loss's mean over layers and
     data-parallel ranks; with pipeline stages, every stage's layers. Collective (every rank of
     the step calls it) and host-reading: for the steps that log."""
-    layers = [(_clean(name), layer) for name, layer in moe_layers(model)]
+    layers = [(plain_name(name), layer) for name, layer in moe_layers(model)]
     figures = {name: float(imbalance(layer.step_load)) for name, layer in layers}
     aux = [layer.last_aux_loss for _, layer in layers if layer.last_aux_loss is not None]
     aux_losses = [global_mean(torch.stack(aux).mean())] if aux else []
@@ -77,9 +78,3 @@ def moe_figures(
     if aux_losses:
         record["moe_aux_loss"] = sum(aux_losses) / len(aux_losses)
     return record
-
-
-def _clean(name: str) -> str:
-    """A layer's name without the wrappers' parts (activation checkpointing, compile)."""
-    wrappers = ("_checkpoint_wrapped_module", "_orig_mod")
-    return ".".join(part for part in name.split(".") if part not in wrappers)
