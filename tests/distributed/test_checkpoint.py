@@ -17,6 +17,7 @@ import torch
 from helpers import (
     CHECKPOINTED_RUN,
     LAYOUTS,
+    MUON,
     ROOT,
     clean_env,
     copy_step,
@@ -87,6 +88,7 @@ SAVES = {
     # DeepSeek-V3 on EP 4: its MTP module and expert biases (the MTP block's too) resume
     # bit-exactly and reshard to one process.
     "moe_deepseek_ep4": ("ep4", 6, 3, DEEPSEEK),
+    "full_muon_fsdp2": ("fsdp2", 6, 3, MUON),
 }
 SEED = [*CHECKPOINTED_RUN, "--checkpoint.create_seed_checkpoint", "--training.seed", "1234"]
 # The runs that start from a copy of another's checkpoint: name -> (source, its step, layout,
@@ -116,6 +118,8 @@ RESUMES = {
     "moe_ep2_to_one": ("moe_ep2", 3, "one", 6, 3),
     "moe_deepseek_resumed_ep4": ("moe_deepseek_ep4", 3, "ep4", 6, 3),
     "moe_deepseek_ep4_to_one": ("moe_deepseek_ep4", 3, "one", 6, 3),
+    "resumed_muon_fsdp2": ("full_muon_fsdp2", 3, "fsdp2", 6, 3),
+    "muon_fsdp2_to_one": ("full_muon_fsdp2", 3, "one", 6, 3),
 }
 
 
@@ -166,7 +170,7 @@ def _folder(runs: dict[str, TrainerJobs], name: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["one", "fsdp2"])
+@pytest.mark.parametrize("layout", ["one", "fsdp2", "muon_fsdp2"])
 def test_resume_is_bit_exact(runs, layout):
     full, resumed = _folder(runs, f"full_{layout}"), _folder(runs, f"resumed_{layout}")
     assert complete_steps(full / "checkpoint") == [3, 6]
@@ -207,6 +211,33 @@ def test_moe_resume_carries_the_expert_bias(runs, name):
         want_losses, got_losses = losses_by_step(saved), losses_by_step(resumed)
         assert sorted(got_losses) == [4, 5, 6]
         assert all(got_losses[s] == want_losses[s] for s in got_losses), (want_losses, got_losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resumed_muon_fsdp2", "muon_fsdp2_to_one"])
+def test_muon_resume_carries_the_momentum_buffers(runs, name):
+    """Muon's step 3 on FSDP 2, resumed on FSDP 2 or one process: at step 6 every momentum
+    buffer, AdamW moment and weight equals the saved run's (exactly on its own layout, within
+    1e-4 in norm resharded); a buffer lost or reset on load would differ by far more."""
+    src = RESUMES[name][0]
+    want = load_full_state_dict(_folder(runs, src) / "checkpoint" / "step-6")
+    got = load_full_state_dict(_folder(runs, name) / "checkpoint" / "step-6")
+    buffers = {k.split(".", 1)[1] for k in want["optimizer"] if k.endswith(".momentum_buffer")}
+    matrices = {
+        f"{k}.momentum_buffer"
+        for k, v in want["model"].items()
+        if v.dim() == 2 and k not in ("tok_embeddings.weight", "output.weight")
+    }
+    assert buffers == matrices and len(matrices) == 14, (sorted(buffers), sorted(matrices))
+    exact = RESUMES[name][2] == SAVES[src][0]
+    for part in ("model", "optimizer"):
+        assert set(got[part]) == set(want[part]), part
+        for key, w in want[part].items():
+            if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+                continue
+            g = got[part][key]
+            error = ((g - w).norm() / w.norm().clamp(min=1e-30)).item()
+            assert error == 0.0 if exact else error <= 1e-4, (part, key, error)
 
 
 def _expert_biases(folder: Path, step: int) -> dict[str, torch.Tensor]:

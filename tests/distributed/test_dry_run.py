@@ -11,6 +11,8 @@ from titanlite.config import loader as config
 from titanlite.planning.dry_run import plan
 from titanlite.planning.headroom import NCCL_COMMUNICATOR
 
+QWEN3_MOE = ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe"]
+
 
 def _shell(*argv: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -363,6 +365,10 @@ def test_fsdp_bytes_shrink_as_one_over_dp():
         (2, ["--training.local_batch_size", "4"]),
         (2, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
         (2, ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"]),
+        # Muon: one momentum buffer per matrix, AdamW's two moments for the rest; the MoE's
+        # experts' buffers split over expert parallel like their weights.
+        (2, ["--training.local_batch_size", "4", "--optimizer.name", "Muon"]),
+        (2, [*QWEN3_MOE, "--parallelism.expert_parallel_degree", "2", "--optimizer.name", "Muon"]),
     ],
 )
 def test_state_bytes_equal_a_real_gloo_run(tmp_path, nproc, extra):

@@ -31,7 +31,7 @@ import json
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, TWO_BLOCKS
+from helpers import DEBUG_CONFIG, MUON, ROOT, TWO_BLOCKS
 from trainer_jobs import TrainerJobs
 
 STEPS = 5
@@ -70,16 +70,6 @@ QWEN3_TIED = [*QWEN3, "--model.flavor", "debugmodel_tied"]  # the head is the em
 # the sequence-wise loss), one MTP module (an MoE block of its own) whose loss is in the objective.
 DEEPSEEK = ["--model.name", "deepseek_v3", "--model.moe_bias_update_rate", "0.01"]
 DEEPSEEK_NO_MTP = [*DEEPSEEK, "--model.mtp_depth", "0"]  # pipeline and context parallel
-
-# Muon for the matrices at Moonlight's matched-RMS scale, AdamW for the rest.
-MUON = [
-    "--optimizer.name",
-    "Muon",
-    "--optimizer.lr",
-    "4e-3",
-    "--optimizer.muon_ns_dtype",
-    "float32",
-]
 
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
 LAYOUTS = {
