@@ -57,7 +57,7 @@ def test_float8_with_muon_tracks_high_precision_muon(runs):
     print(
         f"Muon, float8 vs high precision over 10 steps: worst {worst:.3%}, {got[1]:.4f} -> {got[10]:.4f}"
     )
-    # Measured 0.009%; AdamW in Muon's place (10 steps at this lr) would be off by far more.
+    # Measured 0.009%; the AdamW run of this module differs from Muon's by 15.7% by step 10.
     assert worst < 0.005, worst
     assert any(got[s] != want[s] for s in got)  # float8 rounding did happen
     assert got[10] < 0.9 * got[1]
