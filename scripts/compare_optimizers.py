@@ -8,8 +8,9 @@ The debug preset (Llama 3 debug model, fp32, one process) trains on the bundled 
 four held-out documents (one of code, three of prose: 10%), which give the validation loss at
 the end; the same seed, data order, schedule and steps for every run. Muon's lr is the Muon
 matrices' and, as `adamw_lr` is left unset, also the AdamW group's (match_rms_adamw makes one lr
-serve both). Timing: the best lr of each, ABAB, the median step time after the first 5 steps,
-on one process and on FSDP 2 (NGPU=2), through ./run_train.sh.
+serve both). Timing: the best lr of each (Muon with torch's bf16 Newton-Schulz and with fp32),
+in turn twice, the median step time after the first 5 steps, on one process and on FSDP 2
+(NGPU=2), through ./run_train.sh; `--timing-only` times the first lr of each list, no sweep.
 """
 
 from __future__ import annotations
@@ -48,11 +49,18 @@ def split_corpus(folder: Path) -> tuple[Path, Path]:
 
 
 def train(
-    optimizer: str, lr: float, steps: int, data: tuple[Path, Path], folder: Path, nproc: int = 1
+    optimizer: str,
+    lr: float,
+    steps: int,
+    data: tuple[Path, Path],
+    folder: Path,
+    nproc: int = 1,
+    extra: tuple[str, ...] = (),
 ) -> list[dict]:
     """metrics.jsonl of one ./run_train.sh run."""
     cmd = [
         "./run_train.sh",
+        *extra,
         "--optimizer.name",
         optimizer,
         "--optimizer.lr",
@@ -107,27 +115,44 @@ def main() -> None:
     parser.add_argument("--adamw-lrs", type=lr_list, nargs="+", default=[1e-3, 3e-3, 1e-2])
     parser.add_argument("--muon-lrs", type=lr_list, nargs="+", default=[3e-3, 1e-2, 3e-2])
     parser.add_argument("--timing-steps", type=int_arg(WARM_STEPS + 3), default=30)
+    parser.add_argument(
+        "--timing-only", action="store_true", help="no sweep: time the first lr of each list"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         data = split_corpus(folder)
         best = {}
         for name, lrs in (("AdamW", args.adamw_lrs), ("Muon", args.muon_lrs)):
+            if args.timing_only:
+                break
             results = sweep(name, lrs, args.steps, data, folder)
             best[name] = min(results, key=lambda lr: results[lr][1])
-        print(f"\n{args.steps} steps, best lr by validation loss:")
-        for name, lr in best.items():
-            print(f"  {name}: lr {lr:g}")
-        print("\nmedian step time (s), ABAB, best lr each:")
+        if best:
+            print(f"\n{args.steps} steps, best lr by validation loss:")
+            for name, lr in best.items():
+                print(f"  {name}: lr {lr:g}")
+        if args.timing_only:
+            best = {"AdamW": args.adamw_lrs[0], "Muon": args.muon_lrs[0]}
+        # Muon's Newton-Schulz in float32 too: this CPU has no native bf16 (torch's default).
+        variants = {
+            "AdamW": ("AdamW", best["AdamW"], ()),
+            "Muon": ("Muon", best["Muon"], ()),
+            "Muon fp32 NS": ("Muon", best["Muon"], ("--optimizer.muon_ns_dtype", "float32")),
+        }
+        print("\nmedian step time (s), ABCABC, best lr each:")
         for nproc in (1, 2):
-            times: dict[str, list[float]] = {name: [] for name in best}
+            times: dict[str, list[float]] = {name: [] for name in variants}
             for rep in range(2):
-                for name, lr in best.items():
-                    run = folder / f"time_{name}_{nproc}_{rep}"
-                    records = train(name, lr, args.timing_steps, data, run, nproc)
+                for name, (optimizer, lr, extra) in variants.items():
+                    run = folder / f"time_{name.replace(' ', '_')}_{nproc}_{rep}"
+                    records = train(optimizer, lr, args.timing_steps, data, run, nproc, extra)
                     times[name].append(median_step_time(records))
-            a, m = (statistics.fmean(times[n]) for n in ("AdamW", "Muon"))
-            print(f"  {nproc} process(es): AdamW {a:.3f}  Muon {m:.3f}  Muon/AdamW {m / a:.2f}")
+            mean = {name: statistics.fmean(t) for name, t in times.items()}
+            print(
+                f"  {nproc} process(es): "
+                + "  ".join(f"{n} {t:.3f} ({t / mean['AdamW']:.2f}x)" for n, t in mean.items())
+            )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ DEEPSEEK_HF = (
     "test_a_transformers_folder_imports_with_its_logits[q_latent]"
 )
 BF16 = "tests/distributed/test_layout_parity.py::test_bf16_layout_matches_single_process"
+EVAL_HARNESS = "tests/e2e/test_eval_harness.py::test_in_loop_scores_equal_lm_eval_on_the_export"
 SYNCS = (
     "tests/distributed/test_layout_parity.py::"
     "test_a_step_that_does_not_log_never_waits_for_the_device_or_the_world[fsdp2_syncs]"
@@ -449,6 +450,30 @@ MUTANTS = [
         (
             "tests/unit/components/test_muon.py::test_muon_equals_torch_muon_and_adamw_step_for_step[llama]",
         ),
+    ),
+    Mutant(
+        "eval_continuation_first_token_dropped",
+        "the in-loop eval scores a continuation without its first token",
+        "titanlite/trainer/evaluate.py",
+        "labels[row, n - r.continuation : n] = tokens[-r.continuation :]",
+        "labels[row, n - r.continuation + 1 : n] = tokens[-r.continuation + 1 :]",
+        (EVAL_HARNESS,),
+    ),
+    Mutant(
+        "eval_acc_norm_by_words",
+        "acc_norm divides the log-likelihood by the choice's words, not its characters",
+        "titanlite/evals/metrics.py",
+        "normed = [ll / float(len(c)) for ll, c in zip(lls, ex.choices)]",
+        "normed = [ll / float(len(c.split())) for ll, c in zip(lls, ex.choices)]",
+        ("tests/unit/evals/test_tasks.py::test_scores_as_lm_eval_computes_them",),
+    ),
+    Mutant(
+        "eval_examples_on_every_rank",
+        "every data-parallel rank scores every request, so the sum counts each twice",
+        "titanlite/trainer/evaluate.py",
+        "mine = list(range(self.dp_rank, len(self.requests), self.dp_size))",
+        "mine = list(range(len(self.requests)))",
+        ("tests/distributed/test_layout_parity.py::test_eval_scores_match_single_process[fsdp2]",),
     ),
 ]
 

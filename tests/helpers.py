@@ -20,6 +20,10 @@ DEBUG_CONFIG = ROOT / "train_configs" / "debug_model.toml"
 # Two blocks of the debug model: what a layout does to a block it does to every block, and each
 # block costs time in every run of the suite (6 -> 2 halved a group of six 2-rank jobs).
 TWO_BLOCKS = ["--model.n_layers", "2"]
+# The debug preset scores its eval task after the last step; the tests that are not about
+# evaluation leave it out (tests/e2e/test_eval_harness.py and the layout parity's eval layouts
+# turn it on).
+NO_EVAL = ["--eval.enabled", "false"]
 # The tiny run the distributed tests train: the debug model (two blocks) on the bundled corpus,
 # 64-token windows in float32, every step logged, no TensorBoard.
 TINY_RUN = [
@@ -34,8 +38,8 @@ TINY_RUN = [
     "false",
     "--training.mixed_precision_param",
     "float32",
+    *NO_EVAL,
 ]
-# The same, deterministic and checkpointing: what the resume, reshard and conversion tests run.
 # Muon for the matrices at Moonlight's matched-RMS scale, AdamW for the rest; the float32
 # iteration, because under bf16 another layout's last-bit gradient differences round to other
 # bf16 values and grow (docs/optimizers.md, Numerics).
@@ -47,6 +51,7 @@ MUON = [
     "--optimizer.muon_ns_dtype",
     "float32",
 ]
+# The same, deterministic and checkpointing: what the resume, reshard and conversion tests run.
 CHECKPOINTED_RUN = [*TINY_RUN, "--training.deterministic", "--checkpoint.enable_checkpoint"]
 FSDP2_TP2 = ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"]
 # name -> (processes, arguments): the layouts a checkpoint moves between.
@@ -75,6 +80,7 @@ ONE_STEP = [
     "2",
     "--metrics.enable_tensorboard",
     "false",
+    *NO_EVAL,
 ]
 
 
@@ -97,6 +103,7 @@ SHORT_RUN = [
     "--checkpoint.enable_checkpoint",
     "--training.steps",
     str(SHORT_RUN_STEPS),
+    *NO_EVAL,
 ]
 
 

@@ -31,7 +31,7 @@ import json
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, MUON, ROOT, TWO_BLOCKS
+from helpers import DEBUG_CONFIG, MUON, NO_EVAL, ROOT, TWO_BLOCKS
 from trainer_jobs import TrainerJobs
 
 STEPS = 5
@@ -50,6 +50,7 @@ COMMON = [
     "--training.mixed_precision_param",
     "float32",
     "--training.deterministic",
+    *NO_EVAL,
 ]
 LBS = "--training.local_batch_size"
 TP, CP, PP, EP = (
@@ -226,6 +227,21 @@ LAYOUTS = {
     "qwen3_moe_muon_ep2": (2, [LBS, "4", EP, "2", *QWEN3_MOE, *MUON]),
     "qwen3_moe_muon_ep2_fsdp2_tp2": (4, [LBS, "4", EP, "2", TP, "2", *QWEN3_MOE, *MUON]),
 }
+# Downstream evaluation after the last step: every request's log-likelihood, on 10 examples of
+# the shipped task, equal to one process's on FSDP, TP, PP, CP, EP and a compiled layout.
+EVAL = ["--eval.enabled", "--eval.log_samples", "--eval.limit", "10"]
+EVAL_LAYOUTS = (
+    "one",
+    "fsdp2",
+    "tp2",
+    "pp2_1f1b",
+    "cp2",
+    "tp2_compile",
+    "qwen3_moe_one",
+    "qwen3_moe_ep2",
+)
+for _name in EVAL_LAYOUTS:
+    LAYOUTS[_name] = (LAYOUTS[_name][0], [*LAYOUTS[_name][1], *EVAL])
 # A layout's one-process run of the same model: "one" unless named here.
 REFERENCES = {
     "pp2_1block": "one_1block",
@@ -393,6 +409,39 @@ def test_layout_matches_single_process(world, name):
     compiled_whole = "--training.compile" in LAYOUTS[name][1] and EP not in LAYOUTS[name][1]
     if baseline.get("routing") is not None and not compiled_whole:
         _check_routing(result["routing"], baseline["routing"], result["cp_positions"])
+
+
+def _eval_samples(jobs: TrainerJobs, name: str) -> list[dict]:
+    path = jobs.folder / name / "eval_samples" / f"step-{STEPS}" / "titanlite_mc.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", [n for n in EVAL_LAYOUTS if n not in {"one", *REFERENCES.values()}]
+)
+def test_eval_scores_match_single_process(world, name):
+    """The same requests (the same order, all of them once), each log-likelihood within 1e-5
+    of one process's, and so the same accuracies in metrics.jsonl."""
+    reference = REFERENCES.get(name, "one")
+    one, mine = world(1), world(LAYOUTS[name][0])
+    want, got = _eval_samples(one, reference), _eval_samples(mine, name)
+    assert [(s["example"], s["choice"]) for s in got] == [(s["example"], s["choice"]) for s in want]
+    assert len(want) == 40
+    worst = max(
+        abs(g["loglikelihood"] - w["loglikelihood"]) / abs(w["loglikelihood"])
+        for g, w in zip(got, want)
+    )
+    print(f"\n{name}: eval log-likelihoods within {worst:.2e} (relative) of one process")
+    assert worst <= 1e-5, worst
+    scores = [_last_eval(jobs, n) for jobs, n in ((one, reference), (mine, name))]
+    assert scores[0] == scores[1] and len(scores[0]) == 4, scores
+
+
+def _last_eval(jobs: TrainerJobs, name: str) -> dict:
+    lines = (jobs.folder / name / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    return {k: v for k, v in last.items() if k.startswith("eval/")}
 
 
 def _check_routing(ranks: list, reference: list, cp_positions: dict) -> None:

@@ -23,6 +23,16 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     )
 
 
+def cross_entropy_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each row's cross-entropy summed over its counted targets, (batch,): minus the row's
+    log-likelihood (downstream evaluation). In float32, under loss parallel too (its
+    vocab-sharded log-softmax takes reduction="none")."""
+    per_token = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    return per_token.view(labels.shape).sum(-1)
+
+
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The mean over the counted targets of one batch (tools and tests; the trainer sums)."""
     return F.cross_entropy(

@@ -524,6 +524,35 @@ class Validation:
 
 
 @dataclass
+class Eval:
+    """`[eval]`: downstream multiple-choice tasks scored in the loop (docs/evaluation.md)."""
+
+    enabled: bool = opt(
+        False, "score downstream multiple-choice tasks by log-likelihood during training"
+    )
+    tasks: list[str] = opt(
+        ["titanlite_mc"],
+        "built-in task names (titanlite_mc) or files: an lm-eval task YAML (zero-shot "
+        "multiple_choice over a local JSON/JSONL) or a JSONL of {context, choices, label}",
+    )
+    interval: int = opt(
+        100, "steps between evaluations (and after the last step)", min=1, max=STEPS_MAX
+    )
+    limit: int = opt(
+        -1,
+        "examples per task (lm-eval's --limit); -1 = all",
+        min=1,
+        max=STEPS_MAX,
+        sentinel=(-1, "every example"),
+    )
+    log_samples: bool = opt(
+        False,
+        "write each request's log-likelihood to eval_samples/step-<N>/<task>.jsonl under "
+        "job.dump_folder (lm-eval's --log_samples)",
+    )
+
+
+@dataclass
 class Comm:
     init_timeout_seconds: int = opt(
         300, "collective timeout from start-up to the end of the first step", min=1, max=SECONDS_MAX
@@ -599,6 +628,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     float8: Float8 = field(default_factory=Float8)
     validation: Validation = field(default_factory=Validation)
+    eval: Eval = field(default_factory=Eval)
     comm: Comm = field(default_factory=Comm)
     data: Data = field(default_factory=Data)
 

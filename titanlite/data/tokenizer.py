@@ -103,5 +103,10 @@ class Tokenizer:
         encodings = self._tok.encode_batch(texts, add_special_tokens=False)
         return [[self.bos_id, *e.ids, self.eos_id] for e in encodings]
 
+    def encode(self, text: str) -> list[int]:
+        """The text's ids, no BOS/EOS (as a Hugging Face tokenizer with add_special_tokens=False:
+        lm-eval-harness's requests)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)

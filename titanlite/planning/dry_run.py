@@ -28,6 +28,7 @@ from titanlite.config.schema import VOCAB_MAX, WORLD_MAX, JobConfig
 from titanlite.core.errors import report
 from titanlite.core.numbers import read_float, read_int
 from titanlite.planning.activation_memory import ActivationEstimate, estimate_activations
+from titanlite.planning.eval_plan import eval_cost
 from titanlite.planning.expert_parallel import AllToAllPlan, all_to_all_plan
 from titanlite.planning.headroom import communicators, headroom
 from titanlite.planning.mixture_plan import mixture_plan
@@ -178,6 +179,7 @@ class Plan:
     moe_note: str = ""  # the MoE's shape, the heading of those rows
     all_to_all: AllToAllPlan | None = None  # under expert parallel
     active_params: int = 0  # the parameters a token runs through (an MoE's FLOPs count these)
+    evaluation: str = ""  # the [eval] forwards per evaluation and their cost, when eval is on
 
     @property
     def total(self) -> int:
@@ -209,6 +211,8 @@ class Plan:
         lines += [
             f"  FLOPs per step       {self.flops_per_step:.3e}{self._activated()}",
         ]
+        if self.evaluation:
+            lines.append("  " + self.evaluation)
         if self.memory_budget:
             lines.append("  " + self.memory_budget)
         if self.float8:
@@ -298,6 +302,7 @@ def plan(
         )
         sizes["all-to-all buffers (EP, balanced)"] = all_to_all.balanced
     spec = built.family.model
+    flops = float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens)
     return Plan(
         world_size=world_size,
         rank=rank,
@@ -308,7 +313,7 @@ def plan(
         tp=dims.tp,
         grad_accum_steps=pre.grad_accum_steps,
         tokens_per_step=tokens,
-        flops_per_step=float(spec.training_flops_per_token(pre.model_args, t.seq_len) * tokens),
+        flops_per_step=flops,
         device_memory=int(device_memory_gib * GIB),
         headroom=kept.bytes if headroom_gib is None else int(headroom_gib * GIB),
         headroom_note=kept.describe() if headroom_gib is None else "",
@@ -325,6 +330,7 @@ def plan(
         moe_note=moe_note,
         all_to_all=all_to_all,
         active_params=_active_params(spec, pre.model_args),
+        evaluation=eval_cost(job, dims.dp_size, pre.grad_accum_steps, flops),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from titanlite.core.numbers import NumberError, read_int
 from titanlite.preflight.checkpoint import check_checkpoint, check_seed_checkpoint
 from titanlite.preflight.data import check_windows, open_datasets
 from titanlite.preflight.environment import check_environment
+from titanlite.preflight.evals import EvalTask, check_eval_tasks
 from titanlite.preflight.float8 import eager_warning
 from titanlite.preflight.memory import unsharded_grads_warning
 
@@ -41,6 +42,8 @@ class Preflight:
     # The held-out sets by name ("": validation.dataset_path); empty when validation is off.
     validation_datasets: dict[str, DataSource]
     grad_accum_steps: int
+    # The [eval] tasks by name with their tokenized requests; empty when eval is off.
+    eval_tasks: dict[str, EvalTask] = field(default_factory=dict)
 
 
 def check(
@@ -59,8 +62,9 @@ def check(
     dims = check_parallelism(job, world_size, args, target)
     check_devices(job, dims, target, planning=device is not None)
     check_seed_checkpoint(job, world_size)
-    dataset, validation = None, {}
+    dataset, validation, evals = None, {}, {}
     if tokenizer is not None:  # not a dry run: the files are here to check
+        evals = check_eval_tasks(job, tokenizer)
         dataset, validation = open_datasets(job, tokenizer)
         check_output_paths(job)
         accum = grad_accum_steps(job, dims.dp_size)
@@ -70,7 +74,7 @@ def check(
         check_checkpoint(job, args)
     check_profiling(job)
     return Preflight(
-        dims, args, tokenizer_path, dataset, validation, grad_accum_steps(job, dims.dp_size)
+        dims, args, tokenizer_path, dataset, validation, grad_accum_steps(job, dims.dp_size), evals
     )
 
 
@@ -300,6 +304,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from parallelisms import LayoutError
     from titanlite.components.checkpoint.folder import CheckpointError
     from titanlite.data import DatasetError, TokenizerError
+    from titanlite.evals import TaskError
 
     return (
         ConfigError,
@@ -307,6 +312,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         LayoutError,
         DatasetError,
         TokenizerError,
+        TaskError,
         CheckpointError,
         EnvironmentProblem,
         dump_lock.FolderInUse,

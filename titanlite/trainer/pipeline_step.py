@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from parallelisms.options import PipelineOptions
 from parallelisms.pipeline import build_schedule
 from titanlite.build.assemble import BuiltModel
+from titanlite.components.loss import cross_entropy_rows
 
 
 class PipelineStep:
@@ -37,7 +38,13 @@ class PipelineStep:
         self.has_first = 0 in built.stage_ids
         self.has_last = built.num_stages - 1 in built.stage_ids
 
+        # Downstream evaluation's forwards give each row's loss sum instead (the schedule only
+        # collects what the loss returns when nothing runs backward).
+        self.rows = False
+
         def scaled_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            if self.rows:
+                return cross_entropy_rows(logits, labels)
             return loss_fn(logits, labels) * self.scale
 
         self.schedule = build_schedule(
@@ -79,6 +86,24 @@ class PipelineStep:
         self.schedule.eval(*args, tokens=tokens, target=labels, losses=losses)
         return self.share_loss(_sum(losses, self.device))
 
+    def evaluate_rows(
+        self, inputs: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Forward only (downstream evaluation): each row's loss sum, (batch,), on every
+        stage. The last stage's micro-batches come back in order."""
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        tokens = inputs if tokens is None else tokens
+        self.rows = True
+        try:
+            self.schedule.eval(*args, tokens=tokens, target=labels, losses=losses)
+        finally:
+            self.rows = False
+        rows = torch.zeros(labels.shape[0], device=self.device)
+        if losses:
+            rows = torch.cat([_full(loss) for loss in losses])
+        return self.share_loss(rows)
+
     def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss, known to the last stage only, on every stage (one all-reduce over pp)."""
         loss = loss.clone()
@@ -90,5 +115,9 @@ def _sum(losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The micro-batches' losses (vocab-sharded DTensors under loss parallel) as one number."""
     total = torch.zeros((), device=device)
     for loss in losses:
-        total += loss.full_tensor() if isinstance(loss, DTensor) else loss
+        total += _full(loss)
     return total
+
+
+def _full(loss: torch.Tensor) -> torch.Tensor:
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss

@@ -28,7 +28,13 @@ from torch.distributed.tensor import DTensor
 from models.moe import finish_step, moe_layers
 from parallelisms.context_parallel import SequenceShards
 from parallelisms.tensor_parallel import loss_context
-from titanlite.components.loss import IGNORE_INDEX, LocalBatch, local_batch, model_kwargs
+from titanlite.components.loss import (
+    IGNORE_INDEX,
+    LocalBatch,
+    cross_entropy_rows,
+    local_batch,
+    model_kwargs,
+)
 from titanlite.components.nonfinite import NonFiniteGuard
 from titanlite.components.optim import clip_grad_norm_
 from titanlite.trainer.pipeline_step import PipelineStep
@@ -160,6 +166,12 @@ class TrainStep:
     def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
 
+    def row_losses(
+        self, inputs: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Downstream evaluation's forward: each row's loss sum, (batch,), on every rank."""
+        return _detached(cross_entropy_rows(self.model(inputs, **model_kwargs(tokens)), labels))
+
 
 def _detached(loss: torch.Tensor) -> torch.Tensor:
     return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
@@ -181,3 +193,8 @@ class PipelineTrainStep(TrainStep):
 
     def share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.pipeline.share_loss(loss)
+
+    def row_losses(
+        self, inputs: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.pipeline.evaluate_rows(inputs, labels, tokens)

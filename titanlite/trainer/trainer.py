@@ -48,6 +48,7 @@ from titanlite.preflight import checks as preflight
 from titanlite.preflight.data import validation_paths
 from titanlite.trainer import callbacks as cb
 from titanlite.trainer.callbacks.metrics import moe_figures
+from titanlite.trainer.evaluate import Evaluator
 from titanlite.trainer.pipeline_step import PipelineStep
 from titanlite.trainer.train_step import Microbatch, PipelineTrainStep, TrainStep
 from titanlite.trainer.validate import ValidationData, Validator
@@ -208,6 +209,38 @@ class Trainer:
                 forward_loss=self.train_step.eval_loss,
                 sequence_shards=built.sequence_shards,
             )
+        self.evaluator = self._build_evaluator(built, amp)
+
+    def _build_evaluator(self, built: build.BuiltModel, amp) -> Evaluator | None:
+        if not self.pre.eval_tasks:
+            return None
+        dp_rank, dp_size = (
+            (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
+        )
+        evaluator = Evaluator(
+            self.job.eval,
+            self.pre.eval_tasks,
+            self.train_step.row_losses,
+            built.parts,
+            self.device,
+            self.job.training.local_batch_size,
+            self.job.training.seq_len,
+            Tokenizer(self.pre.tokenizer_path).eos_id,
+            dp_rank,
+            dp_size,
+            self.global_sum,
+            built.loss_parallel,
+            amp,
+            built.sequence_shards,
+            fixed_shape=self.dims.pp_enabled or self.dims.cp > 1 or self.job.training.compile,
+            samples_folder=(
+                self.dump_folder / "eval_samples"
+                if self.job.eval.log_samples and self.rank == 0
+                else None
+            ),
+        )
+        logger.info(evaluator.describe())
+        return evaluator
 
     def _build_train_step(self, built: build.BuiltModel, amp) -> TrainStep:
         job, dims = self.job, self.dims
@@ -365,12 +398,16 @@ class Trainer:
         return (self.global_sum(value) / self.dims.loss_ranks).item()
 
     def validate(self, step: int) -> dict[str, float] | None:
-        """The validation losses when they are due at `step` (their time is kept out of tps):
-        val_loss, and val_loss_<name> for each named held-out set."""
-        if self.validator is None or not self.validator.due(step, self.job.training.steps):
-            return None
+        """The validation losses and eval scores due at `step` (their time is kept out of tps):
+        val_loss, val_loss_<name> for each named held-out set, eval/<task>/<metric>."""
+        results: dict[str, float] = {}
+        total = self.job.training.steps
         with self.clock.span("validation"):
-            return self.validator.run()
+            if self.validator is not None and self.validator.due(step, total):
+                results.update(self.validator.run())
+            if self.evaluator is not None and self.evaluator.due(step, total):
+                results.update(self.evaluator.run(step))
+        return results or None
 
     def save_seed_checkpoint(self) -> None:
         self.checkpointer.save(0, config_hash=self.config_hash, weights_only=True)
