@@ -16,6 +16,7 @@ all.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ def _example(context: Any, choices: Any, gold: Any, where: str) -> Example:
         raise TaskError(f"{where}: choices must be a list of at least 2 strings, not {choices!r}")
     if not all(isinstance(c, str) and c for c in choices):
         raise TaskError(f"{where}: every choice must be non-empty text: {choices!r}")
-    if isinstance(gold, str) and not isinstance(gold, bool):
+    if isinstance(gold, str):
         if gold not in choices:
             raise TaskError(f"{where}: the target {gold!r} is not one of the choices {choices!r}")
         gold = list(choices).index(gold)
@@ -158,10 +159,10 @@ def _yaml_task(path: Path) -> Task:
     metrics = [m.get("metric") if isinstance(m, dict) else m for m in cfg.get("metric_list", [])]
     if any(m not in METRICS for m in metrics):
         raise TaskError(f"{where}: metric_list {metrics}: only {', '.join(METRICS)} are scored")
-    docs = _yaml_docs(cfg, path, where)
+    data = _data_file(cfg, path, where)
     examples = []
-    for line, doc in docs:
-        at = f"{where} ({_data_file(cfg, path, where).name} line {line})"
+    for line, doc in _yaml_docs(data, where):
+        at = f"{where} ({data.name} line {line})"
         text = _text(cfg.get("doc_to_text"), doc, "doc_to_text", at)
         choices = _choices(cfg.get("doc_to_choice"), doc, at)
         gold = _target(cfg.get("doc_to_target"), doc, at)
@@ -199,8 +200,7 @@ def _data_file(cfg: dict[str, Any], path: Path, where: str) -> Path:
     return data if data.is_absolute() else path.parent / data
 
 
-def _yaml_docs(cfg: dict[str, Any], path: Path, where: str) -> list[tuple[int, dict[str, Any]]]:
-    data = _data_file(cfg, path, where)
+def _yaml_docs(data: Path, where: str) -> list[tuple[int, dict[str, Any]]]:
     if not data.is_file():
         raise TaskError(f"{where}: its data file {data} does not exist")
     if data.suffix == ".json":
@@ -214,15 +214,23 @@ def _yaml_docs(cfg: dict[str, Any], path: Path, where: str) -> list[tuple[int, d
     return _read_jsonl(data)
 
 
-def _render(template: str, doc: dict[str, Any], key: str, where: str) -> str:
+@functools.cache
+def _jinja() -> Any:
+    """lm-eval's template environment (its utils.py), made once."""
     import jinja2
 
     env = jinja2.Environment(
         loader=jinja2.BaseLoader(), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
     )
     env.filters["regex_replace"] = lambda s, p, r, count=0: re.sub(p, r, s, count=count)
+    return env
+
+
+def _render(template: str, doc: dict[str, Any], key: str, where: str) -> str:
+    import jinja2
+
     try:
-        return env.from_string(template).render(**doc)
+        return _jinja().from_string(template).render(**doc)
     except jinja2.TemplateError as e:
         raise TaskError(f"{where}: {key} {template!r}: {e}") from None
 

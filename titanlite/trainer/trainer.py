@@ -96,9 +96,10 @@ class Trainer:
     def _build_data(self) -> None:
         t, pre, v = self.job.training, self.pre, self.job.validation
         self.dp_mesh = self.meshes.dp
-        dp_rank, dp_size = (
+        self.dp_rank, self.dp_size = (
             (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
         )
+        dp_rank, dp_size = self.dp_rank, self.dp_size
         tokenizer = Tokenizer(pre.tokenizer_path)
         sources = [pre.dataset, *pre.validation_datasets.values()]
         if isinstance(pre.dataset, Mixture):
@@ -214,9 +215,6 @@ class Trainer:
     def _build_evaluator(self, built: build.BuiltModel, amp) -> Evaluator | None:
         if not self.pre.eval_tasks:
             return None
-        dp_rank, dp_size = (
-            (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
-        )
         evaluator = Evaluator(
             self.job.eval,
             self.pre.eval_tasks,
@@ -226,8 +224,8 @@ class Trainer:
             self.job.training.local_batch_size,
             self.job.training.seq_len,
             Tokenizer(self.pre.tokenizer_path).eos_id,
-            dp_rank,
-            dp_size,
+            self.dp_rank,
+            self.dp_size,
             self.global_sum,
             built.loss_parallel,
             amp,
