@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/ensure_installed.sh
-titanlite_ensure_installed "dev,float8" "torch torchdata tokenizers tensorboard numpy pyarrow pytest pytest_timeout xdist torchao transformers safetensors ruff mypy importlinter grimp datasets wandb matplotlib ray" || {
+titanlite_ensure_installed "dev,float8" "torch torchdata tokenizers tensorboard numpy pyarrow pytest pytest_timeout xdist torchao transformers safetensors ruff mypy importlinter grimp datasets wandb matplotlib ray lm_eval accelerate" || {
     echo "titanlite: error: installation failed; see the pip output above" >&2; exit 1; }
 # Two test modules at a time by default (pytest-xdist; each module stays in one worker, so its
 # module fixtures run once): one module at a time kept 2 cores only 68% busy on average.

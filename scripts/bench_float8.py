@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         base = [
             "--config",
             str(DEBUG_TOML),
+            "--eval.enabled",
+            "false",
             "--training.seq_len",
             "64",
             "--training.local_batch_size",

@@ -98,6 +98,8 @@ def run_one(name: str, steps: int, rounds: int, warmup: int, threads: int) -> di
         argv = [
             "--config",
             str(DEBUG_TOML),
+            "--eval.enabled",
+            "false",
             "--job.dump_folder",
             dump,
             "--training.seed",

@@ -33,6 +33,8 @@ def job_args(schedule: str, local_batch: int, seq_len: int) -> list[str]:
     return [
         "--config",
         str(ROOT / "train_configs" / "debug_model.toml"),
+        "--eval.enabled",
+        "false",
         "--parallelism.pipeline_parallel_degree",
         "2",
         "--parallelism.pipeline_parallel_schedule",

@@ -78,6 +78,8 @@ def run(a: argparse.Namespace) -> dict:
     argv = [
         "--config",
         str(DEBUG_TOML),
+        "--eval.enabled",
+        "false",
         "--job.dump_folder",
         str(dump),
         "--metrics.enable_tensorboard",

@@ -76,6 +76,8 @@ def train(
         str(steps),
         "--metrics.enable_tensorboard",
         "false",
+        "--eval.enabled",
+        "false",
         "--job.dump_folder",
         str(folder),
     ]

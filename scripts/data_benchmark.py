@@ -142,6 +142,8 @@ def bench_training(shards_dir: Path, work: Path, steps: int) -> dict:
         "titanlite.train",
         "--config",
         str(ROOT / "train_configs" / "debug_model.toml"),
+        "--eval.enabled",
+        "false",
         "--training.dataset_path",
         str(shards_dir),
         "--training.steps",

@@ -105,7 +105,7 @@ class Context:
         self.on_gpu = not smoke and self.cuda is not None
         (out / "logs").mkdir(parents=True, exist_ok=True)
         # Every run: the debug model; smaller and shorter on CPU.
-        self.base = ["--config", str(DEBUG_TOML), *QUIET]
+        self.base = ["--config", str(DEBUG_TOML), "--eval.enabled", "false", *QUIET]
         if smoke:
             self.base += [
                 "--model.n_layers",

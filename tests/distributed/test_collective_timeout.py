@@ -15,7 +15,7 @@ import time
 
 import group_stall_worker
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, launch_worker, spawn, torchrun
+from helpers import DEBUG_CONFIG, NO_EVAL, ROOT, launch_worker, spawn, torchrun
 
 from titanlite.data.prepare import prepare
 
@@ -40,6 +40,7 @@ def _tiny(tmp_path, steps: int, train_timeout: int, *extra: str) -> list[str]:
         str(steps),
         "--metrics.enable_tensorboard",
         "false",
+        *NO_EVAL,
         "--comm.train_timeout_seconds",
         str(train_timeout),
         *extra,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, check, clean_env, read_jsonl
+from helpers import DEBUG_CONFIG, NO_EVAL, ROOT, check, clean_env, read_jsonl
 from trainer_jobs import TrainerJobs
 
 from titanlite.data.prepare import prepare
@@ -61,6 +61,7 @@ def _args(folder, shards, config, *extra):
         "2",
         "--validation.steps",
         "2",
+        *NO_EVAL,
         *extra,
     ]
 

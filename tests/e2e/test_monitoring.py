@@ -1,5 +1,6 @@
 """TensorBoard scalars, groups and step axis across a resume that trains steps again; goodput;
-and a torch.profiler trace that parses. One process, no torchrun (the cheapest real run)."""
+the eval scores; and a torch.profiler trace that parses. One process, no torchrun (the cheapest
+real run)."""
 
 import json
 import shutil
@@ -23,7 +24,10 @@ GROUPS = {
     "goodput/goodput_pct",
     "goodput/init_s",
     "goodput/redone_s",
+    "goodput/eval_s",
+    "time/eval_s",
 }
+EVAL_TAGS = {f"eval/titanlite_mc/{m}" for m in ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr")}
 
 
 def run(folder, steps: int, *extra: str) -> subprocess.CompletedProcess:
@@ -46,6 +50,9 @@ def run(folder, steps: int, *extra: str) -> subprocess.CompletedProcess:
                 "2",
                 "--job.dump_folder",
                 str(folder),
+                "--eval.enabled",
+                "--eval.limit",
+                "8",
                 *extra,
             ],
             cwd=ROOT,
@@ -76,7 +83,7 @@ def test_tensorboard_groups_resume_axis_goodput_and_profiler_trace(tmp_path):
     (folder,) = (tmp_path / "tb").glob("run-*")  # the resumed launch wrote into the same run
     events = EventAccumulator(str(folder))
     events.Reload()
-    assert GROUPS <= set(events.Tags()["scalars"]), events.Tags()["scalars"]
+    assert GROUPS | EVAL_TAGS <= set(events.Tags()["scalars"]), events.Tags()["scalars"]
     assert "config/text_summary" in events.Tags()["tensors"]
     losses = events.Scalars("loss/train")
     # Global step axis; the first launch's steps 3-4 were purged in favour of the re-done ones.
@@ -84,3 +91,10 @@ def test_tensorboard_groups_resume_axis_goodput_and_profiler_trace(tmp_path):
     jsonl = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last_of = {r["step"]: r["loss"] for r in jsonl}
     assert [e.value for e in losses] == pytest.approx([last_of[s] for s in range(1, 7)], rel=1e-6)
+    # metrics.jsonl's key is the tag. Both launches scored their last step; TensorBoard purged
+    # the first launch's step 4 with the steps it trained again.
+    assert [r["step"] for r in jsonl if "eval/titanlite_mc/acc" in r] == [4, 6]
+    for tag in EVAL_TAGS:
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [
+            (6, pytest.approx(jsonl[-1][tag], rel=1e-6))
+        ]

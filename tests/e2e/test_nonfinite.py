@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DEBUG_CONFIG, ROOT, clean_env, launch_worker, run_script
+from helpers import DEBUG_CONFIG, NO_EVAL, ROOT, clean_env, launch_worker, run_script
 
 from titanlite.components.checkpoint.storage import load_full_state_dict
 
@@ -29,6 +29,7 @@ DIVERGING = [
     "1",
     "--metrics.enable_tensorboard",
     "false",
+    *NO_EVAL,
     "--checkpoint.enable_checkpoint",
     "--checkpoint.interval",
     "1",

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from helpers import DEBUG_CONFIG, ROOT, clean_env
+from helpers import DEBUG_CONFIG, NO_EVAL, ROOT, clean_env
 
 from titanlite.components.checkpoint.folder import complete_steps
 from titanlite.components.checkpoint.storage import verify
@@ -30,6 +30,7 @@ SMALL = [
     "1",
     "--metrics.enable_tensorboard",
     "false",
+    *NO_EVAL,
     "--checkpoint.enable_checkpoint",
 ]
 
@@ -128,6 +129,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
             "40",
             "--metrics.enable_tensorboard",
             "false",
+            *NO_EVAL,
             "--checkpoint.enable_checkpoint",
             "--job.dump_folder",
             str(tmp_path),

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, clean_env, expect_one_line
+from helpers import NO_EVAL, ROOT, clean_env, expect_one_line
 
 # The smallest model that trains, for far more steps than the test waits: alive when killed.
 ENDLESS = [
@@ -27,6 +27,7 @@ ENDLESS = [
     "2",
     "--metrics.enable_tensorboard",
     "false",
+    *NO_EVAL,
 ]
 STEP_LINE = re.compile(r"INFO step +\d")
 

@@ -1,7 +1,7 @@
 """The README's first command, end to end: ./run_train.sh on the debug model."""
 
 import pytest
-from helpers import check, read_jsonl, run_script
+from helpers import NO_EVAL, check, read_jsonl, run_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "data_loading_pct"}
@@ -30,6 +30,11 @@ def test_debug_model_trains_and_logs(tmp_path):
     assert losses[-1].value == pytest.approx(records[-1]["loss"], rel=1e-6)
     assert (tmp_path / "config.toml").read_text().count("steps = 15") == 1
     assert "step     15" in proc.stderr + proc.stdout
+    # The preset scores the shipped task after its last step: the accuracy in the log and
+    # metrics.jsonl, the same figure.
+    acc = records[-1]["eval/titanlite_mc/acc"]
+    assert f"eval step 15: titanlite_mc acc {acc:.4f}" in proc.stderr, proc.stderr[-2000:]
+    assert [r["step"] for r in records if "eval/titanlite_mc/acc" in r] == [15]
 
 
 @pytest.mark.slow
@@ -59,6 +64,7 @@ def test_two_ranks_with_float8_log_only_rank0_by_default(tmp_path):
                 "2",
                 "--parallelism.context_parallel_degree",
                 "2",
+                *NO_EVAL,
             ],
             NGPU="2",
         )
@@ -92,6 +98,7 @@ def test_context_parallel_trains_long_windows_from_the_cli(tmp_path):
                 str(tmp_path),
                 "--metrics.enable_tensorboard",
                 "false",
+                *NO_EVAL,
             ],
             NGPU="2",
         )

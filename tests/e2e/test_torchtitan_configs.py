@@ -102,7 +102,8 @@ def test_release_tomls_for_8b_70b_405b_plan_with_the_dry_run(capsys):
 @pytest.mark.slow
 def test_debug_release_toml_trains_with_only_paths_overridden(tmp_path):
     # v0.2.2's debug_model: its tokenizer folder and dataset name are TorchTitan's files; the
-    # rest (seq_len 2048, batch 8, warmup 2, ...) is the release's own. 2 steps instead of 10.
+    # rest (seq_len 2048, batch 8, bf16, warmup 2, ...) is the release's own. One step instead of
+    # 10: a step of 8 x 2048 tokens under the CPU's emulated bf16 took ~45 s in the suite.
     proc = check(
         run_script(
             "run_train.sh",
@@ -116,13 +117,13 @@ def test_debug_release_toml_trains_with_only_paths_overridden(tmp_path):
                 "--job.dump_folder",
                 str(tmp_path),
                 "--training.steps",
-                "2",
+                "1",
             ],
             timeout=600,
         )
     )
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)
+    assert [r["step"] for r in records] == [1] and records[0]["loss"] > 0
     assert "titanlite spells it [model] tokenizer_path" in proc.stderr
 
 

@@ -1,6 +1,6 @@
 """Weights & Biases through ./run_train.sh, offline (no account, no network), read back from the
-run's .wandb file: the same scalars as metrics.jsonl, the resolved config, and one W&B run across
-a relaunch that resumes from a checkpoint. The run trains on a Hugging Face dataset saved by
+run's .wandb file: the same scalars as metrics.jsonl (the eval scores too), the resolved config,
+and one W&B run across a relaunch that resumes from a checkpoint. The run trains on a Hugging Face dataset saved by
 `datasets` (a column other than `text`), the other ecosystem path a user brings."""
 
 import shutil
@@ -19,6 +19,9 @@ def train(tmp_path, steps: int):
                 "--training.steps",
                 str(steps),
                 "--metrics.enable_wandb",
+                "--eval.enabled",
+                "--eval.limit",
+                "8",
                 "--checkpoint.interval",
                 "2",
                 "--training.dataset_path",
@@ -57,6 +60,16 @@ def test_wandb_logs_the_metrics_and_config_and_resumes_the_same_run(tmp_path):
         (r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in jsonl
     ]
     assert {"throughput/tps", "memory/peak_gib", "time/step_s"} <= set(history[0])
+    scored = [h for r in runs for h in r["history"] if "eval/titanlite_mc/acc" in h]
+    assert [
+        (h["step"], h["eval/titanlite_mc/acc"], h["eval/titanlite_mc/acc_norm_stderr"])
+        for h in scored
+    ] == [
+        (r["step"], r["eval/titanlite_mc/acc"], r["eval/titanlite_mc/acc_norm_stderr"])
+        for r in jsonl
+        if "eval/titanlite_mc/acc" in r
+    ]
+    assert [h["step"] for h in scored] == [4, 6]  # each launch's last step
     goodput = [h for r in runs for h in r["history"] if "goodput/goodput_pct" in h]
     assert [h["step"] for h in goodput] == [4, 6]  # once per launch, at its last step
 

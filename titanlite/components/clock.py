@@ -1,8 +1,8 @@
 """Where a launch's wall-clock time goes, kept in one place for throughput and goodput.
 
-The loop wraps the work that is not training in `span("data" | "validation" | "checkpoint")`;
-what remains of a step is training, counted as productive, or as re-done when an earlier launch
-had already trained that step past its last checkpoint. Throughput windows (metrics) and the
+The loop wraps the work that is not training in `span("data" | "validation" | "eval" |
+"checkpoint")`; what remains of a step is training, counted as productive, or as re-done when an
+earlier launch had already trained that step past its last checkpoint. Throughput windows (metrics) and the
 end-of-launch goodput read the same figures, so they cannot disagree.
 """
 
@@ -12,7 +12,9 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-SPANS = ("data", "validation", "checkpoint")
+SPANS = ("data", "validation", "eval", "checkpoint")
+# Held-out work, not training: left out of throughput.
+HELD_OUT = ("validation", "eval")
 
 
 class Clock:
@@ -59,8 +61,9 @@ class Clock:
         self.window = dict.fromkeys(SPANS, 0.0)
 
     def window_seconds(self, now: float) -> float:
-        """Seconds since the window began, validation left out (it is not training work)."""
-        return max(now - self.window_start - self.window["validation"], 1e-9)
+        """Seconds since the window began, validation and eval left out (not training work)."""
+        held_out = sum(self.window[k] for k in HELD_OUT)
+        return max(now - self.window_start - held_out, 1e-9)
 
     def goodput(self) -> dict[str, float]:
         wall = time.perf_counter() - self.launch_start

@@ -400,10 +400,11 @@ class Trainer:
         val_loss, val_loss_<name> for each named held-out set, eval/<task>/<metric>."""
         results: dict[str, float] = {}
         total = self.job.training.steps
-        with self.clock.span("validation"):
-            if self.validator is not None and self.validator.due(step, total):
+        if self.validator is not None and self.validator.due(step, total):
+            with self.clock.span("validation"):
                 results.update(self.validator.run())
-            if self.evaluator is not None and self.evaluator.due(step, total):
+        if self.evaluator is not None and self.evaluator.due(step, total):
+            with self.clock.span("eval"):
                 results.update(self.evaluator.run(step))
         return results or None
 

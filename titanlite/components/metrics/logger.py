@@ -98,6 +98,7 @@ TB_TAGS = {
     "step_time_s": "time/step_s",
     "data_loading_pct": "time/data_loading_pct",
     "checkpoint_blocked_s": "time/checkpoint_blocked_s",
+    "eval_time_s": "time/eval_s",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "val_loss": "loss/validation",
@@ -108,7 +109,7 @@ TB_TAGS = {
 # metrics.jsonl key of a {name: value} figure -> the TensorBoard tag its names go under.
 TB_GROUPS = {"moe_imbalance": "moe/imbalance", "data_share": "data/share"}
 # metrics.jsonl key prefix of a family of figures (<prefix><name>) -> their TensorBoard tag.
-TB_PREFIXES = {"val_loss_": "loss/validation", "tokens_": "data/tokens"}
+TB_PREFIXES = {"val_loss_": "loss/validation", "tokens_": "data/tokens", "eval/": "eval"}
 
 
 def _named_losses(record: dict[str, Any]) -> str:
