@@ -152,3 +152,6 @@ class HFAdapter:
     # DeepseekV3Config counts an MTP module that its save_pretrained never writes); None: the
     # config's args
     fit_tensors: Callable[[Any, set[str]], Any] | None = None
+    # args -> the args of the model without the modules only training runs (DeepSeek-V3's
+    # MTP): what an export writes unless asked for them; None: the family has none
+    inference_args: Callable[[Any], Any] | None = None

@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         help="context length in config.json (default: the trained sequence length, "
         "or 131072 for a model with Llama 3.1 RoPE scaling)",
     )
+    p.add_argument(
+        "--mtp",
+        action="store_true",
+        help="also the multi-token-prediction modules (DeepSeek-V3's layer n_layers + k, as "
+        "the published checkpoints hold them; training only, so off by default)",
+    )
     sub.add_parser("hf-to-dcp", help="a Hugging Face folder as a titanlite checkpoint")
     for name, p in sub.choices.items():
         p.add_argument("src", type=Path)
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_shard_size=args.max_shard_size,
                     max_position_embeddings=args.max_position_embeddings,
                     report=_stderr,
+                    mtp=args.mtp,
                 )
             else:
                 hf_checkpoint.hf_to_dcp(args.src, args.dst, dtype=dtype, report=_stderr)

@@ -301,6 +301,12 @@ def fit_tensors(args: DeepSeekV3Args, names: set[str]) -> DeepSeekV3Args:
     return args if held == args.mtp_depth else replace(args, mtp_depth=held)
 
 
+def inference_args(args: DeepSeekV3Args) -> DeepSeekV3Args:
+    """The main model: what generation and lm-eval run (transformers' DeepseekV3ForCausalLM
+    skips an MTP layer it finds)."""
+    return replace(args, mtp_depth=0)
+
+
 HF = HFAdapter(
     label=_LABEL,
     model_types=("deepseek_v3",),
@@ -334,4 +340,5 @@ HF = HFAdapter(
     args_from_hf_config=args_from_hf_config,
     split_names=split_names,
     fit_tensors=fit_tensors,
+    inference_args=inference_args,
 )

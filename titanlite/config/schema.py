@@ -431,6 +431,11 @@ class Checkpoint:
         "also export the final checkpoint as a Hugging Face folder (<folder>/hf-step-N, in "
         "export_dtype)",
     )
+    export_mtp: bool = opt(
+        False,
+        "the Hugging Face export also writes the multi-token-prediction modules (DeepSeek-V3's "
+        "layer n_layers + k, as the published checkpoints hold them); off: the main model only",
+    )
     enable_first_step_checkpoint: bool = opt(False, "also save after step 1")
     overwrite: bool = opt(False, "allow replacing an existing step-N written by another run")
     apply_new_optimizer_settings: bool = opt(

@@ -292,18 +292,21 @@ def dcp_to_hf(
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     max_position_embeddings: int | None = None,
     report: Report | None = None,
+    mtp: bool = False,
 ) -> None:
     """Write the model of titanlite checkpoint `src` as a Hugging Face folder `dst` (for its
     family's Hugging Face architecture, e.g. LlamaForCausalLM).
 
     `dtype` (default: the checkpoint's), `tokenizer` (a tokenizer.json or its folder; default:
     the one the checkpoint records, skipped with a note when it cannot be found), `config` (a
-    titanlite config.toml, for checkpoints whose manifest does not record the model)."""
+    titanlite config.toml, for checkpoints whose manifest does not record the model), `mtp`:
+    also the multi-token-prediction modules, which only training runs (written as DeepSeek-V3's
+    published checkpoints hold them); without them, the main model."""
     if dst.exists():
         raise CheckpointError(f"{dst} already exists; refusing to overwrite it")
     reader, saved, model = _open_checkpoint(src, config)
     tok = _export_tokenizer(tokenizer, model, report)
-    hf, args = model.hf, model.args
+    hf, args = model.hf, _exported_args(model, mtp, report)
     keys = list(hf.state_dict_shapes(args))
     out_dtype = {k: dtype or saved[k][1] for k in keys}
     entries, owner = _export_entries(hf, args, keys, {k: saved[k][0] for k in keys}, out_dtype)
@@ -339,6 +342,18 @@ def dcp_to_hf(
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def _exported_args(model: _SourceModel, mtp: bool, report: Report | None) -> Any:
+    if mtp or model.hf.inference_args is None:
+        return model.args
+    main = model.hf.inference_args(model.args)
+    if main != model.args and report:
+        report(
+            "note: the multi-token-prediction modules (training only) are not exported; "
+            "convert_checkpoint.py dcp-to-hf --mtp (checkpoint.export_mtp) writes them too"
+        )
+    return main
 
 
 def _open_checkpoint(

@@ -93,7 +93,7 @@ def load_hf_weights(model: nn.Module, src: Path, expect: ModelArgs) -> None:
     )
 
 
-def export_hf(step_folder: Path, dst: Path, dtype: torch.dtype) -> None:
+def export_hf(step_folder: Path, dst: Path, dtype: torch.dtype, mtp: bool = False) -> None:
     """Rank 0 writes the model of the complete checkpoint `step_folder` as Hugging Face folder
     `dst` (a failure raises CheckpointError there: its exit code and line end the launch). The
     other ranks return at once: the export of a large model takes longer than any collective
@@ -107,7 +107,7 @@ def export_hf(step_folder: Path, dst: Path, dtype: torch.dtype) -> None:
             logger.warning(line.removeprefix("note: "))
 
     try:
-        dcp_to_hf(step_folder, dst, dtype=dtype, report=note)
+        dcp_to_hf(step_folder, dst, dtype=dtype, report=note, mtp=mtp)
     except (CheckpointError, OSError) as e:
         raise CheckpointError(f"the Hugging Face export {dst} failed: {e}") from None
     logger.info(f"wrote Hugging Face folder {dst} in {time.perf_counter() - start:.1f}s")

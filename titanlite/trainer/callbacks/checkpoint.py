@@ -104,4 +104,9 @@ class HFExport(Callback):
         with self.saver.clock.span("checkpoint"):
             ckpt.wait()
             dst = ckpt.folder / f"hf-step-{step}"
-            export_hf(step_dir(ckpt.folder, step), dst, DTYPES[self.cfg.export_dtype])
+            export_hf(
+                step_dir(ckpt.folder, step),
+                dst,
+                DTYPES[self.cfg.export_dtype],
+                mtp=self.cfg.export_mtp,
+            )

@@ -107,7 +107,15 @@ def test_titanlite_exports_a_folder_transformers_loads_and_it_imports_back_bit_e
     step = tmp_path / "run" / "step-0"
     info = {"step": 0, "model_config": model_config_record("deepseek_v3", None, ARGS, None)}
     save_full_state_dict({"model": model.state_dict()}, step, info)
-    hf_checkpoint.dcp_to_hf(step, tmp_path / "hf")
+    notes: list[str] = []
+    hf_checkpoint.dcp_to_hf(step, tmp_path / "main", report=notes.append)
+    # By default the main model only: MTP runs in training, not in what an export is for.
+    assert any("multi-token-prediction modules" in n for n in notes), notes
+    cfg = json.loads((tmp_path / "main" / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 0
+    main = safetensors_torch.load_file(tmp_path / "main" / "model.safetensors")
+    assert not any(k.startswith("model.layers.2.") for k in main)
+    hf_checkpoint.dcp_to_hf(step, tmp_path / "hf", mtp=True)
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (cfg["model_type"], cfg["num_nextn_predict_layers"], cfg["n_group"]) == (
         "deepseek_v3",
@@ -118,6 +126,7 @@ def test_titanlite_exports_a_folder_transformers_loads_and_it_imports_back_bit_e
     # The MTP module as the published checkpoint keeps it: layer n_layers.
     assert {"model.layers.2.eh_proj.weight", "model.layers.2.shared_head.norm.weight"} <= set(files)
     assert "model.layers.2.mlp.experts.0.gate_proj.weight" in files
+    assert all(torch.equal(main[k], files[k]) for k in main)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     assert type(loaded).__name__ == "DeepseekV3ForCausalLM"
     gap = _gap(model, loaded)
