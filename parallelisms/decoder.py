@@ -51,10 +51,12 @@ def parallelize_decoder(
     apply_tp: TPPlan,
     tied_embeddings: bool = False,
     extra_units: list[nn.Module] | None = None,
+    extra_blocks: list[nn.Module] | None = None,
 ) -> ConversionPlan | None:
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on.
     `extra_units`: modules outside `layers` that are FSDP units of their own after the blocks
-    (DeepSeek-V3's MTP modules); the family's TP plan covers them."""
+    (DeepSeek-V3's MTP modules); the family's TP plan covers them. `extra_blocks`: the blocks
+    inside them, whose attention context parallel spreads too."""
     float8_plan = convert_to_float8(model, opts.float8) if opts.float8 is not None else None
     layers = cast(nn.ModuleDict, model.layers)
     experts: list[nn.Module] = [moe.experts for _, moe in moe_layers(model)]
@@ -67,7 +69,7 @@ def parallelize_decoder(
         _tensor_parallel(model, layers, meshes.get("tp"), opts, apply_tp, float8_plan)
 
     if opts.sequence_shards is not None:
-        apply_cp(model, list(layers.values()), opts.sequence_shards)
+        apply_cp(model, [*layers.values(), *(extra_blocks or [])], opts.sequence_shards)
 
     if opts.ac_mode == "memory_budget" and not opts.compile:
         raise ValueError("activation checkpointing by memory budget needs compile")

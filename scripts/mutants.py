@@ -398,12 +398,28 @@ MUTANTS = [
         "mtp_shift_off_by_one",
         "MTP depth k embeds the token k - 1 ahead (the input itself at depth 1), not k ahead",
         "models/deepseek_v3/model.py",
-        "self.tok_embeddings(shift_left(x, k, 0))",
-        "self.tok_embeddings(shift_left(x, k - 1, 0))",
+        "ahead = shift_left(ids, k, 0)",
+        "ahead = shift_left(ids, k - 1, 0)",
         (
             "tests/unit/models/deepseek_v3/test_deepseek_v3_hf.py::"
             "test_the_mtp_module_equals_transformers_and_its_loss_is_the_shifted_cross_entropy",
         ),
+    ),
+    Mutant(
+        "mtp_cp_token_ahead_from_the_ranks_chunks",
+        "under context parallel MTP embeds the token k ahead within the rank's own chunks",
+        "models/deepseek_v3/model.py",
+        "ahead = ahead.index_select(1, query_positions)",
+        "ahead = shift_left(ids.index_select(1, query_positions), k, 0)",
+        _layout("deepseek_cp2"),
+    ),
+    Mutant(
+        "mtp_cp_targets_shifted_after_the_cut",
+        "under context parallel each MTP depth's targets are shifted within the rank's chunks",
+        "titanlite/trainer/train_step.py",
+        "return [t if shards is None else shards.shard(t) for t in self.mtp_targets(labels)]",
+        "return self.mtp_targets(labels if shards is None else shards.shard(labels))",
+        _layout("deepseek_cp2"),
     ),
     Mutant(
         "mtp_loss_over_the_main_count",

@@ -150,14 +150,13 @@ class DeepSeekV3Args(ArgsRecord):
 
     def check_parallelism(self, *, pp: int, cp: int) -> None:
         """What the model cannot run on: MTP needs the embedding beside the head (one
-        pipeline stage) and the whole window's ids to shift (no context parallel)."""
-        for name, degree in (("pipeline", pp), ("context", cp)):
-            if self.mtp_depth and degree > 1:
-                raise ValueError(
-                    f"model.mtp_depth = {self.mtp_depth} (multi-token prediction) is not built "
-                    f"for {name} parallel (parallelism.{name}_parallel_degree = {degree}); set "
-                    f"--model.mtp_depth 0 or {name}_parallel_degree = 1"
-                )
+        pipeline stage)."""
+        if self.mtp_depth and pp > 1:
+            raise ValueError(
+                f"model.mtp_depth = {self.mtp_depth} (multi-token prediction) is not built for "
+                f"pipeline parallel (parallelism.pipeline_parallel_degree = {pp}); set "
+                "--model.mtp_depth 0 or pipeline_parallel_degree = 1"
+            )
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

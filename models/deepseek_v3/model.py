@@ -78,24 +78,33 @@ class DeepSeekV3(Decoder):
         if self.output is None:
             return h
         if mtp_targets:
-            self.mtp_loss_sums = self._mtp_losses(x, h, freqs, mask, mtp_targets)
+            ids = x if tokens is None else tokens
+            query_positions = None if positions is None else positions[0]
+            self.mtp_loss_sums = self._mtp_losses(ids, query_positions, h, freqs, mask, mtp_targets)
         return self.output(h)
 
     def _mtp_losses(
         self,
-        x: torch.Tensor,
+        ids: torch.Tensor,
+        query_positions: torch.Tensor | None,
         h: torch.Tensor,
         freqs: torch.Tensor,
         mask,
         targets: list[torch.Tensor],
     ) -> list[torch.Tensor]:
-        # Context and pipeline parallel are refused with MTP before a model is built: the shift
-        # needs the whole window's ids here, and the embedding beside the head.
+        """`ids`: the whole window's; under context parallel `h` and `targets` hold this rank's
+        `query_positions` of it, and the token k ahead of each is picked from the whole window
+        (it may be another rank's)."""
+        # Pipeline parallel is refused with MTP before a model is built: the embedding is
+        # needed beside the head.
         if self.tok_embeddings is None or self.output is None:
             raise ValueError("multi-token prediction needs the embedding and the output head")
         sums = []
         for k, (module, target) in enumerate(zip(self.mtp.values(), targets), start=1):
-            embedded = self.tok_embeddings(shift_left(x, k, 0))
+            ahead = shift_left(ids, k, 0)
+            if query_positions is not None:
+                ahead = ahead.index_select(1, query_positions)
+            embedded = self.tok_embeddings(ahead)
             h = module(h, embedded, freqs, mask)
             logits = self.output(h)
             sums.append(

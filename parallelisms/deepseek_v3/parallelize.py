@@ -1,7 +1,8 @@
 """Compose the parallelisms for a DeepSeek-V3 model: the shared decoder composition
 (parallelisms/decoder.py: float8 -> EP -> TP -> CP -> AC -> compile -> FSDP / DDP) with the
 DeepSeek-V3 TP plan; each MTP module is an FSDP unit of its own after the blocks (its MoE's
-experts are split by expert parallel and sharded over their own mesh with the blocks').
+experts are split by expert parallel and sharded over their own mesh with the blocks'), and its
+block's attention is context parallel as theirs.
 Activation checkpointing and compile wrap the main blocks only: an MTP module runs once per
 forward, after them.
 
@@ -25,4 +26,12 @@ def parallelize_deepseek_v3(
     """Parallelize `model` in place; returns the float8 conversion plan when float8 is on."""
     mtp = getattr(model, "mtp", None)
     units = list(mtp.values()) if mtp is not None else []
-    return parallelize_decoder(model, dims, meshes, opts, apply_tp=apply_tp, extra_units=units)
+    return parallelize_decoder(
+        model,
+        dims,
+        meshes,
+        opts,
+        apply_tp=apply_tp,
+        extra_units=units,
+        extra_blocks=[u.get_submodule("block") for u in units],
+    )

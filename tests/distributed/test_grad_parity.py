@@ -62,7 +62,8 @@ WORLD2 = {
     "qwen3_tied_tp2": {"family": "qwen3", "tp": 2, "model": TIED},
     "qwen3_cp2_documents": {"family": "qwen3", "cp": 2, "model": DOCUMENTS},
     # DeepSeek-V3 (MLA: values narrower than keys, padded for the varlen kernel; the all-gather
-    # carries keys and values side by side), causal and with documents; no MTP under cp.
+    # carries keys and values side by side), causal and with documents; without MTP, which
+    # this worker's loss does not weigh in (test_layout_parity.py's deepseek_cp2 has it).
     "deepseek_cp2": {**DEEPSEEK, "cp": 2},
     "deepseek_cp2_documents": {**DEEPSEEK, "cp": 2, "model": {**DEEPSEEK["model"], **DOCUMENTS}},
     "deepseek_tp2_no_q_latent": {**DEEPSEEK, "tp": 2, "model": {"mtp_depth": 0, "q_lora_rank": 0}},

@@ -70,7 +70,7 @@ QWEN3_TIED = [*QWEN3, "--model.flavor", "debugmodel_tied"]  # the head is the em
 # DeepSeekMoE (8 experts in 4 groups, 2 from the 2 best, a shared expert, the expert bias and
 # the sequence-wise loss), one MTP module (an MoE block of its own) whose loss is in the objective.
 DEEPSEEK = ["--model.name", "deepseek_v3", "--model.moe_bias_update_rate", "0.01"]
-DEEPSEEK_NO_MTP = [*DEEPSEEK, "--model.mtp_depth", "0"]  # pipeline and context parallel
+DEEPSEEK_NO_MTP = [*DEEPSEEK, "--model.mtp_depth", "0"]  # pipeline parallel
 
 # name -> (processes, overrides); local batch x data-parallel degree x accumulation = 8.
 LAYOUTS = {
@@ -200,8 +200,9 @@ LAYOUTS = {
     "qwen3_moe_ep2_cp2": (2, [LBS, "8", EP, "2", CP, "2", *QWEN3_MOE]),
     # DeepSeek-V3: MLA's latents replicated over tp with the shared RoPE key's gradient summed,
     # the MTP module an FSDP unit of its own and reusing the embedding and head units, routing
-    # within groups compared token by token. Causal CP and CP without MTP's loss are in
-    # test_grad_parity.py.
+    # within groups compared token by token; under CP (documents) the MTP module's attention
+    # over the whole window and its targets k ahead picked across the ranks' chunks. Causal CP
+    # is in test_grad_parity.py.
     "deepseek_one": (1, [LBS, "8", *DEEPSEEK]),
     "deepseek_fsdp2": (2, [LBS, "4", *DEEPSEEK]),
     "deepseek_fsdp2_compile": (2, [LBS, "4", "--training.compile", *DEEPSEEK]),
@@ -211,7 +212,7 @@ LAYOUTS = {
     "deepseek_ep4": (4, [LBS, "2", EP, "4", *DEEPSEEK]),
     "deepseek_no_mtp_one": (1, [LBS, "8", *DEEPSEEK_NO_MTP]),
     "deepseek_pp2": (2, [LBS, "8", PP, "2", *DEEPSEEK_NO_MTP]),
-    "deepseek_cp2": (2, [LBS, "8", CP, "2", *DEEPSEEK_NO_MTP]),
+    "deepseek_cp2": (2, [LBS, "8", CP, "2", *DEEPSEEK]),
     # Muon: each matrix's update orthogonalized whole, whatever shards it (FSDP's Shard(0),
     # TP's rows and columns, FSDP x TP's strided rows, the experts' ep and efsdp splits of the
     # expert dimension), every rank keeping its shard of the result.
@@ -228,7 +229,8 @@ LAYOUTS = {
     "qwen3_moe_muon_ep2_fsdp2_tp2": (4, [LBS, "4", EP, "2", TP, "2", *QWEN3_MOE, *MUON]),
 }
 # Downstream evaluation after the last step: every request's log-likelihood, on 10 examples of
-# the shipped task, equal to one process's on FSDP, TP, PP, CP, EP and a compiled layout.
+# the shipped task, equal to one process's on FSDP, HSDP, TP, PP, CP, EP and a compiled layout,
+# and for each family (DeepSeek-V3's MTP module left out of the forward).
 EVAL = ["--eval.enabled", "--eval.log_samples", "--eval.limit", "10"]
 EVAL_LAYOUTS = (
     "one",
@@ -237,8 +239,13 @@ EVAL_LAYOUTS = (
     "pp2_1f1b",
     "cp2",
     "tp2_compile",
+    "hsdp2x2",
+    "qwen3_one",
+    "qwen3_fsdp2",
     "qwen3_moe_one",
     "qwen3_moe_ep2",
+    "deepseek_one",
+    "deepseek_ep2",
 )
 for _name in EVAL_LAYOUTS:
     LAYOUTS[_name] = (LAYOUTS[_name][0], [*LAYOUTS[_name][1], *EVAL])
@@ -265,7 +272,6 @@ REFERENCES = {
     "deepseek_pp2": "deepseek_no_mtp_one",
     **{n: "muon_one" for n in LAYOUTS if n.startswith("muon_") and n != "muon_one"},
     **{n: "qwen3_moe_muon_one" for n in LAYOUTS if n.startswith("qwen3_moe_muon_ep")},
-    "deepseek_cp2": "deepseek_no_mtp_one",
 }
 BF16 = ["--training.mixed_precision_param", "bfloat16"]
 # bfloat16 mixed precision against one process under bf16 autocast (BF16_RTOL below says why

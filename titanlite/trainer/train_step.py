@@ -98,8 +98,8 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         batches = [local_batch(self.sequence_shards, x, y) for x, y in microbatches]
         targets = [
-            [labels, *(self.mtp_targets(labels) if self.mtp_targets else [])]
-            for *_, labels in batches
+            [labels, *self._rank_mtp_targets(y)]
+            for (_, y), (*_, labels) in zip(microbatches, batches)
         ]
         counted = torch.stack(
             [sum((t != IGNORE_INDEX).sum() for t in depth) for depth in zip(*targets)]
@@ -124,6 +124,14 @@ class TrainStep:
         self.nonfinite.step_optimizer(self.optimizer, self.step(), grad_norm)
         self.lr_scheduler.step()
         return StepOutput(loss_sum, grad_norm, lr, mtp_sum)
+
+    def _rank_mtp_targets(self, labels: torch.Tensor) -> list[torch.Tensor]:
+        """Each MTP depth's targets of this rank: shifted in the whole window, then cut as the
+        labels are under context parallel (a position's target k ahead may be another rank's)."""
+        if self.mtp_targets is None:
+            return []
+        shards = self.sequence_shards
+        return [t if shards is None else shards.shard(t) for t in self.mtp_targets(labels)]
 
     def forward_backward(self, batch: LocalBatch, scale: torch.Tensor, last: bool) -> torch.Tensor:
         """One accumulation micro-batch; its scaled loss, detached."""
