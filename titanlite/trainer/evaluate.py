@@ -32,6 +32,8 @@ from titanlite.core.logging import logger
 from titanlite.evals import Request, score
 from titanlite.preflight.evals import EvalTask
 
+# A long evaluation says how far it has got at most this often (seconds).
+PROGRESS_EVERY_S = 30.0
 # forward_rows(inputs, labels, tokens) -> each row's summed cross-entropy, (batch,) on every rank.
 RowLosses = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -111,12 +113,20 @@ class Evaluator:
         modes = [m.training for m in self.modules]
         for m in self.modules:
             m.eval()
+        start = last_said = time.perf_counter()
         try:
             with torch.no_grad():
                 for f in range(self.forwards):
                     rows = mine[f * self.batch : (f + 1) * self.batch]
                     sums = self._forward([self.requests[i] for i in rows])
                     total[rows] -= sums[: len(rows)].double()
+                    now = time.perf_counter()
+                    if now - last_said >= PROGRESS_EVERY_S and f + 1 < self.forwards:
+                        logger.info(
+                            f"eval: {f + 1} of {self.forwards} forwards per rank done "
+                            f"({now - start:.0f}s)"
+                        )
+                        last_said = now
         finally:
             for m, mode in zip(self.modules, modes):
                 m.train(mode)
