@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -261,6 +262,17 @@ def copy_step(src_folder: Path, step: int, dst_folder: Path) -> None:
     shutil.copytree(
         src_folder / "checkpoint" / f"step-{step}", dst_folder / "checkpoint" / f"step-{step}"
     )
+
+
+def convert_checkpoint_main():
+    """scripts/convert_checkpoint.py's main(argv), loaded from its file (scripts is no package)."""
+    spec = importlib.util.spec_from_file_location(
+        "convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
 def run_train(args: list[str], **env: str) -> subprocess.CompletedProcess:

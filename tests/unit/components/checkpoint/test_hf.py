@@ -3,13 +3,12 @@ transformers itself: exported checkpoints give LlamaForCausalLM the same logits 
 forward, HF -> titanlite -> HF is bit-exact, and user mistakes are one-line errors."""
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 
 import pytest
 import torch
-from helpers import ROOT, make_hf_llama
+from helpers import convert_checkpoint_main, make_hf_llama
 
 from models.llama import FLAVORS, Transformer
 from models.llama import hf_mapping as hf
@@ -35,16 +34,7 @@ VOCAB = Tokenizer(BUILTIN_TOKENIZER).vocab_size
 VARIANTS = {"debugmodel": {}, "gqa": {"n_kv_heads": 4}}
 
 
-def _cli():
-    spec = importlib.util.spec_from_file_location(
-        "convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
-convert = _cli()
+convert = convert_checkpoint_main()
 
 
 def random_titanlite(**overrides) -> Transformer:

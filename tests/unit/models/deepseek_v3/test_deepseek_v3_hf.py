@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import convert_checkpoint_main
 
 from models.deepseek_v3 import FLAVORS, HF, DeepSeekV3
 from models.deepseek_v3.mtp import IGNORE_INDEX, mtp_targets
@@ -115,7 +116,8 @@ def test_titanlite_exports_a_folder_transformers_loads_and_it_imports_back_bit_e
     assert cfg["num_nextn_predict_layers"] == 0
     main = safetensors_torch.load_file(tmp_path / "main" / "model.safetensors")
     assert not any(k.startswith("model.layers.2.") for k in main)
-    hf_checkpoint.dcp_to_hf(step, tmp_path / "hf", mtp=True)
+    # Asked for (the script's flag): the MTP module too.
+    assert convert_checkpoint_main()(["dcp-to-hf", str(step), str(tmp_path / "hf"), "--mtp"]) == 0
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (cfg["model_type"], cfg["num_nextn_predict_layers"], cfg["n_group"]) == (
         "deepseek_v3",
