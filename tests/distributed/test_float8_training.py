@@ -1,5 +1,6 @@
 """Float8 training end to end on real gloo process groups: FSDP 2 x TP 2 with float8 linears
-tracks the high-precision run, and checkpoints move between float8 and high-precision runs."""
+tracks the high-precision run (Llama 3 with AdamW and with Muon, DeepSeek-V3), and checkpoints
+move between float8 and high-precision runs."""
 
 import shutil
 
@@ -30,6 +31,17 @@ F8_RUN = [
 FLOAT8 = ["--model.converters", "float8", "--float8.emulate", "true"]
 # Muon steps the float8 linears' high-precision weights (torchao casts them per matmul).
 MUON_F8_RUN = [*F8_RUN, *MUON, "--training.steps", "10", "--checkpoint.enable_checkpoint", "false"]
+# DeepSeek-V3's debug model (MLA's projections, a dense and an MoE block, the MTP module): its
+# Linears float8, the experts' grouped matmuls high precision (torchao converts nn.Linear only).
+DEEPSEEK_F8_RUN = [
+    *F8_RUN,
+    "--model.name",
+    "deepseek_v3",
+    "--training.steps",
+    "10",
+    "--checkpoint.enable_checkpoint",
+    "false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +55,8 @@ def runs(tmp_path_factory):
     )
     group.add("muon_high", [*TINY_RUN, *MUON_F8_RUN])
     group.add("muon_float8", [*TINY_RUN, *MUON_F8_RUN, *FLOAT8])
+    group.add("deepseek_high", [*TINY_RUN, *DEEPSEEK_F8_RUN])
+    group.add("deepseek_float8", [*TINY_RUN, *DEEPSEEK_F8_RUN, *FLOAT8])
     group.run()
     group.result("float8")
     return high, low, (group.folder / "rank0.log").read_text()
@@ -59,6 +73,22 @@ def test_float8_with_muon_tracks_high_precision_muon(runs):
     )
     # Measured 0.009%; the AdamW run of this module differs from Muon's by 15.7% by step 10.
     assert worst < 0.005, worst
+    assert any(got[s] != want[s] for s in got)  # float8 rounding did happen
+    assert got[10] < 0.9 * got[1]
+
+
+@pytest.mark.slow
+def test_deepseek_v3_float8_tracks_high_precision(runs):
+    folder = runs[0].parent
+    want = losses_by_step(folder / "deepseek_high")
+    got = losses_by_step(folder / "deepseek_float8")
+    assert sorted(got) == sorted(want) == list(range(1, 11))
+    worst = max(abs(got[s] - want[s]) / want[s] for s in got)
+    print(
+        f"DeepSeek-V3, float8 vs high precision over 10 steps: worst {worst:.3%}, "
+        f"{got[1]:.4f} -> {got[10]:.4f}"
+    )
+    assert worst < 0.005, worst  # measured 0.064%
     assert any(got[s] != want[s] for s in got)  # float8 rounding did happen
     assert got[10] < 0.9 * got[1]
 
