@@ -100,7 +100,8 @@ class Trainer:
             (self.dp_mesh.get_local_rank(), self.dp_mesh.size()) if self.dp_mesh else (0, 1)
         )
         dp_rank, dp_size = self.dp_rank, self.dp_size
-        tokenizer = Tokenizer(pre.tokenizer_path)
+        # Kept: the evaluator reads its padding id (one tokenizer load per launch).
+        self.tokenizer = tokenizer = Tokenizer(pre.tokenizer_path)
         sources = [pre.dataset, *pre.validation_datasets.values()]
         if isinstance(pre.dataset, Mixture):
             sources += pre.dataset.shards
@@ -223,7 +224,7 @@ class Trainer:
             self.device,
             self.job.training.local_batch_size,
             self.job.training.seq_len,
-            Tokenizer(self.pre.tokenizer_path).eos_id,
+            self.tokenizer.eos_id,
             self.dp_rank,
             self.dp_size,
             self.global_sum,
